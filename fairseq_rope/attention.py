@@ -1,0 +1,177 @@
+"""Self-attention that applies a position encoding to queries and keys.
+
+:class:`PositionalMultiheadAttention` is fairseq's :class:`MultiheadAttention`
+(same parameters, same incremental-state layout, same beam reordering) with a
+self-attention forward that calls a position encoding between the q/k
+projections and the key cache. The cache therefore holds keys that are already
+rotated, and each decoding step rotates only its new query and key, at the
+offset given by the cached length.
+
+fairseq's own forward is not reused for this path on purpose: its fast path
+hands the raw projection weights to ``F.multi_head_attention_forward`` (or
+xformers), which would silently skip any rotation.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import Tensor, nn
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+class PositionalMultiheadAttention(MultiheadAttention):
+    """Multi-head self-attention whose q/k go through ``position_encoding``.
+
+    ``position_encoding`` maps a (batch, heads, time, head_dim) tensor and the
+    position of its first time step to the encoded tensor (e.g.
+    :class:`fairseq_rope.rotary.RotaryEmbedding`).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        position_encoding: nn.Module,
+        dropout: float = 0.0,
+        **kwargs,
+    ) -> None:
+        for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
+            if kwargs.get(unsupported):
+                raise ValueError(f"{type(self).__name__} does not support {unsupported}")
+        super().__init__(
+            embed_dim, num_heads, dropout=dropout, self_attention=True, **kwargs
+        )
+        self.position_encoding = position_encoding
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Same contract as :meth:`MultiheadAttention.forward` for self-attention.
+
+        query: (T, B, C); ``key``/``value`` must be the query itself (or None).
+        """
+        if static_kv or before_softmax:
+            raise ValueError(
+                f"{type(self).__name__} is self-attention only "
+                "(static_kv and before_softmax are not supported)"
+            )
+        tgt_len, bsz, _ = query.size()
+        q, k, v = (self._split_heads(proj(query), bsz) for proj in self._projections())
+
+        saved_state = None
+        offset = 0
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved_state:
+                offset = saved_state["prev_key"].size(2)
+        q = self.position_encoding(q, offset=offset)
+        k = self.position_encoding(k, offset=offset)
+
+        if saved_state is not None:
+            k, v, key_padding_mask = self._extend_cache(
+                incremental_state, saved_state, k, v, key_padding_mask, bsz
+            )
+
+        mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype)
+        need_weights = need_weights or need_head_weights
+        if need_weights:
+            out, weights = self._attend_explicitly(q, k, v, mask)
+            if not need_head_weights:
+                weights = weights.mean(dim=1)
+            else:
+                weights = weights.transpose(0, 1)
+        else:
+            out, weights = self._attend_fused(q, k, v, mask), None
+
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
+        return self.out_proj(out), weights
+
+    def _projections(self):
+        return self.q_proj, self.k_proj, self.v_proj
+
+    def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
+        """(T, B, C) → (B, H, T, D)."""
+        return x.view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def _extend_cache(
+        self,
+        incremental_state: IncrementalState,
+        saved_state: Dict[str, Optional[Tensor]],
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor],
+        bsz: int,
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Append this step's (already encoded) keys/values to fairseq's cache."""
+        if "prev_key" in saved_state:
+            k = torch.cat((saved_state["prev_key"], k), dim=2)
+            v = torch.cat((saved_state["prev_value"], v), dim=2)
+        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+            batch_size=bsz,
+            src_len=k.size(2),
+            static_kv=False,
+        )
+        saved_state["prev_key"] = k
+        saved_state["prev_value"] = v
+        saved_state["prev_key_padding_mask"] = key_padding_mask
+        self._set_input_buffer(incremental_state, saved_state)
+        return k, v, key_padding_mask
+
+    @staticmethod
+    def _additive_mask(
+        attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
+    ) -> Optional[Tensor]:
+        """fairseq's masks as one additive mask broadcastable to (B, H, T, S).
+
+        attn_mask: (T, S), additive float (or bool, True = masked);
+        key_padding_mask: (B, S), nonzero = padding.
+        """
+        mask = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros(
+                    attn_mask.shape, dtype=dtype, device=attn_mask.device
+                ).masked_fill(attn_mask, float("-inf"))
+            mask = attn_mask.to(dtype)
+        if key_padding_mask is not None:
+            padding = key_padding_mask.to(torch.bool)[:, None, None, :]
+            base = mask if mask is not None else torch.zeros((), dtype=dtype, device=padding.device)
+            mask = base.masked_fill(padding, float("-inf"))
+        return mask
+
+    def _dropout_p(self) -> float:
+        active = self.training or self.dropout_module.apply_during_inference
+        return self.dropout_module.p if active else 0.0
+
+    def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self._dropout_p(), scale=self.scaling
+        )
+
+    def _attend_explicitly(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]
+    ) -> Tuple[Tensor, Tensor]:
+        """Softmax attention that also returns the per-head weights (B, H, T, S)."""
+        logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+        if mask is not None:
+            logits = logits + mask
+        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = self.dropout_module(weights)
+        return torch.matmul(probs, v), weights

@@ -1,0 +1,3 @@
+"""Registered fairseq models of the plugin (imported for their registration)."""
+
+from fairseq_rope.models import transformer_rope  # noqa: F401

@@ -1,0 +1,114 @@
+"""fairseq's Transformer with a position encoding inside self-attention.
+
+The encoder, decoder and their layers are fairseq's, subclassed only where the
+self-attention module is built: encoder and decoder self-attention become
+:class:`~fairseq_rope.attention.PositionalMultiheadAttention` carrying the
+model's position encoding, cross-attention stays fairseq's (unencoded), and no
+token position embeddings are added to the input.
+
+A model family picks its encoding by name (``position_encoding``) from
+:data:`POSITION_ENCODINGS`; the name travels in the checkpoint's args.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoder,
+    TransformerEncoder,
+    TransformerModel,
+)
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from torch import nn
+
+from fairseq_rope.attention import PositionalMultiheadAttention
+
+# name → builder(cfg, head_dim) of the per-layer position encoding module.
+PositionEncodingBuilder = Callable[[Any, int], nn.Module]
+POSITION_ENCODINGS: Dict[str, PositionEncodingBuilder] = {}
+
+
+def register_position_encoding(name: str):
+    def register(builder: PositionEncodingBuilder) -> PositionEncodingBuilder:
+        POSITION_ENCODINGS[name] = builder
+        return builder
+
+    return register
+
+
+def build_self_attention(layer: nn.Module, embed_dim: int, heads: int, cfg) -> nn.Module:
+    if embed_dim % heads:
+        raise ValueError(f"embed dim {embed_dim} is not divisible by {heads} attention heads")
+    encoding = POSITION_ENCODINGS[cfg.position_encoding](cfg, embed_dim // heads)
+    return PositionalMultiheadAttention(
+        embed_dim,
+        heads,
+        encoding,
+        dropout=cfg.attention_dropout,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+    )
+
+
+class PositionalEncoderLayer(TransformerEncoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg):
+        return build_self_attention(self, embed_dim, cfg.encoder.attention_heads, cfg)
+
+
+class PositionalDecoderLayer(TransformerDecoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if cfg.cross_self_attention or add_bias_kv or add_zero_attn:
+            raise ValueError(
+                "--cross-self-attention and bias/zero attention are not supported "
+                f"with position encoding {cfg.position_encoding!r}"
+            )
+        return build_self_attention(self, embed_dim, cfg.decoder.attention_heads, cfg)
+
+
+def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
+    """Activation checkpointing and FSDP wrapping, as fairseq does for its layers."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = 0 if cfg.checkpoint_activations else cfg.min_params_to_wrap
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+class PositionalTransformerEncoder(TransformerEncoder):
+    def build_encoder_layer(self, args):
+        cfg = TransformerConfig.from_namespace(args)
+        return wrap_layer(PositionalEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class PositionalTransformerDecoder(TransformerDecoder):
+    def build_decoder_layer(self, args, no_encoder_attn=False):
+        cfg = TransformerConfig.from_namespace(args)
+        return wrap_layer(PositionalDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+class PositionalTransformerModel(TransformerModel):
+    """fairseq's ``TransformerModel`` with ``position_encoding`` in self-attention."""
+
+    position_encoding: str = ""
+
+    @classmethod
+    def build_model(cls, args, task):
+        args.position_encoding = cls.position_encoding
+        args.no_token_positional_embeddings = True
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return PositionalTransformerEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return PositionalTransformerDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention
+        )

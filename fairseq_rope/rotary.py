@@ -1,0 +1,208 @@
+"""Rotary Position Embedding (RoPE) math, after Su et al., *RoFormer: Enhanced
+Transformer with Rotary Position Embedding* (2021).
+
+Notation follows the paper. A d-dimensional query or key x at position m is
+split into d/2 pairs; pair i is rotated in its plane by the angle m·θ_i with
+
+    θ_i = base^(-2(i-1)/d),  i = 1 … d/2                           (Eq. 15)
+
+so that ⟨f(q, m), f(k, n)⟩ = Re[Σ_i q_i k_i* e^{i(m-n)θ_i}] depends on the
+positions only through m − n (Eq. 16). The rotation matrix R^d_{Θ,m} is block
+diagonal and sparse, so it is applied in the element-wise form of Eq. 34:
+
+    R x = x ⊙ cos(mθ) + rotate(x) ⊙ sin(mθ),
+    rotate(x_1, x_2, x_3, x_4, …) = (−x_2, x_1, −x_4, x_3, …).
+
+Two memory layouts of the pairs are supported:
+
+* ``interleaved`` — the paper's adjacent pairs (x_1, x_2), (x_3, x_4), …;
+* ``half`` — GPT-NeoX "rotate-half": pair i is (x_i, x_{i + d/2}).
+
+They are the same operator up to a fixed permutation of the head dimensions
+(:func:`layout_permutation`). With partial rotary only the first ``rope_dim``
+dimensions of each head are rotated; the rest pass through unchanged.
+
+Angles are always computed in fp32 (inv_freq in fp64, then rounded), whatever
+the dtype of q and k: in fp16 the position 20000 is not even representable to
+the unit, let alone its product with θ_1.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Literal, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+Layout = Literal["interleaved", "half"]
+LAYOUTS: Tuple[str, ...] = ("interleaved", "half")
+DEFAULT_THETA = 10000.0
+
+
+def validate_rope_options(
+    head_dim: int, rope_dim: int, theta: float, layout: str
+) -> None:
+    """Raise ``ValueError`` naming the offending option when RoPE cannot be built."""
+    if head_dim % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of dimensions, but the attention head dimension is "
+            f"{head_dim} (odd): choose --encoder/--decoder-embed-dim and "
+            f"--*-attention-heads so that embed_dim / heads is even"
+        )
+    if rope_dim <= 0 or rope_dim > head_dim or rope_dim % 2:
+        raise ValueError(
+            f"--rope-dim must be an even number in [2, head dim = {head_dim}], "
+            f"got {rope_dim}"
+        )
+    if not theta > 0:
+        raise ValueError(f"--rope-theta must be > 0, got {theta}")
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"--rope-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}"
+        )
+
+
+def inverse_frequencies(
+    rope_dim: int, theta: float = DEFAULT_THETA, device: Optional[torch.device] = None
+) -> Tensor:
+    """θ_i = base^(−2(i−1)/d) for i = 1 … d/2 (Eq. 15), as fp32 of shape (d/2,)."""
+    exponents = torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device)
+    return (float(theta) ** (-exponents / rope_dim)).to(torch.float32)
+
+
+def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """The angles m·θ_i in fp32, shape ``positions.shape + (d/2,)``."""
+    return positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(torch.float32)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
+    """Rotate ``x`` by the angles whose cosines and sines are given (Eq. 34).
+
+    x:        (..., T, head_dim), any float dtype.
+    cos, sin: broadcastable to (..., T, rope_dim / 2); ``rope_dim = 2 * cos.size(-1)``
+              leading dimensions of each head are rotated, the rest pass through.
+    """
+    rope_dim = 2 * cos.size(-1)
+    rotated, passthrough = x[..., :rope_dim], x[..., rope_dim:]
+    if layout == "interleaved":
+        pairs = rotated.unflatten(-1, (-1, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        out = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+    elif layout == "half":
+        a, b = rotated.chunk(2, dim=-1)
+        out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    else:
+        raise ValueError(f"unknown RoPE layout {layout!r}; expected one of {LAYOUTS}")
+    if passthrough.size(-1):
+        out = torch.cat((out, passthrough), dim=-1)
+    return out
+
+
+def layout_permutation(rope_dim: int, head_dim: Optional[int] = None) -> Tensor:
+    """Index ``p`` such that ``interleaved(x[..., p]) == half(x)[..., p]``.
+
+    Position j of the ``half`` layout holds pair member (j mod d/2, j div d/2);
+    ``p`` lists, in interleaved order, which half-layout dimension holds each
+    member, so permuting the rows of a q/k projection by ``p`` turns a
+    half-layout model into an equivalent interleaved one.
+    """
+    head_dim = rope_dim if head_dim is None else head_dim
+    half = rope_dim // 2
+    pairs = torch.stack((torch.arange(half), torch.arange(half) + half), dim=-1)
+    return torch.cat((pairs.flatten(), torch.arange(rope_dim, head_dim)))
+
+
+class _CosSinTable:
+    """cos/sin of m·θ_i for m in [0, capacity), in one device and dtype."""
+
+    def __init__(self, inv_freq: Tensor, dtype: torch.dtype, capacity: int) -> None:
+        positions = torch.arange(capacity, device=inv_freq.device)
+        angles = rotation_angles(positions, inv_freq)
+        self.cos = angles.cos().to(dtype)
+        self.sin = angles.sin().to(dtype)
+
+    @property
+    def capacity(self) -> int:
+        return self.cos.size(0)
+
+
+# Tables are shared by every layer (and model) with the same (rope_dim, theta),
+# per device and dtype; they hold no parameters and never enter a state dict.
+_TABLES: Dict[Tuple[int, float, torch.device, torch.dtype], _CosSinTable] = {}
+
+
+def cos_sin(
+    length: int,
+    rope_dim: int,
+    theta: float,
+    device: torch.device,
+    dtype: torch.dtype,
+    offset: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    """cos and sin of the angles for positions offset … offset+length−1.
+
+    Served from a cache that grows (to the next power of two) on demand, so
+    there is no maximum length; angles are computed in fp32 and only the final
+    values are cast to ``dtype``.
+    """
+    key = (rope_dim, float(theta), torch.device(device), dtype)
+    needed = offset + length
+    table = _TABLES.get(key)
+    if table is None or table.capacity < needed:
+        capacity = max(256, 1 << (needed - 1).bit_length())
+        table = _CosSinTable(inverse_frequencies(rope_dim, theta, device), dtype, capacity)
+        _TABLES[key] = table
+    return table.cos[offset:needed], table.sin[offset:needed]
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """RoPE as a position encoding for one attention module's queries and keys.
+
+    Holds only hyper-parameters (no parameters or buffers), so ``.half()``,
+    ``.to(device)`` and checkpoints never touch it; cos/sin come from the
+    shared fp32-computed cache of :func:`cos_sin`.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rope_dim: Optional[int] = None,
+        theta: float = DEFAULT_THETA,
+        layout: Layout = "interleaved",
+    ) -> None:
+        super().__init__()
+        rope_dim = head_dim if rope_dim is None else rope_dim
+        validate_rope_options(head_dim, rope_dim, theta, layout)
+        self.head_dim = head_dim
+        self.rope_dim = rope_dim
+        self.theta = float(theta)
+        self.layout: Layout = layout
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rope_dim={self.rope_dim}, "
+            f"theta={self.theta:g}, layout={self.layout}"
+        )
+
+    def angles_cos_sin(
+        self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None
+    ) -> Tuple[Tensor, Tensor]:
+        """cos/sin for the time axis (dim −2) of ``x``, in x's device and dtype."""
+        if positions is None:
+            return cos_sin(
+                x.size(-2), self.rope_dim, self.theta, x.device, x.dtype, offset
+            )
+        inv_freq = inverse_frequencies(self.rope_dim, self.theta, x.device)
+        angles = rotation_angles(positions.to(x.device), inv_freq)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    def forward(
+        self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None
+    ) -> Tensor:
+        """Rotate ``x`` of shape (..., T, head_dim).
+
+        Positions are ``offset + arange(T)`` unless ``positions`` (broadcastable
+        to x's leading dims and T) is given explicitly.
+        """
+        cos, sin = self.angles_cos_sin(x, offset, positions)
+        return apply_rotary(x, cos, sin, self.layout)
