@@ -22,9 +22,9 @@ They are the same operator up to a fixed permutation of the head dimensions
 (:func:`layout_permutation`). With partial rotary only the first ``rope_dim``
 dimensions of each head are rotated; the rest pass through unchanged.
 
-Angles are always computed in fp32 (inv_freq in fp64, then rounded), whatever
-the dtype of q and k: in fp16 the position 20000 is not even representable to
-the unit, let alone its product with θ_1.
+Angles are always computed in fp32 (fp64 for fp64 inputs), whatever the dtype
+of q and k: in fp16 the position 20000 is not even representable to the unit,
+let alone its product with θ_1. Only the final cos/sin are cast to q's dtype.
 """
 
 from __future__ import annotations
@@ -62,17 +62,25 @@ def validate_rope_options(
         )
 
 
+def angle_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Precision of the angles for inputs of ``dtype``: fp32, or fp64 for fp64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def inverse_frequencies(
-    rope_dim: int, theta: float = DEFAULT_THETA, device: Optional[torch.device] = None
+    rope_dim: int,
+    theta: float = DEFAULT_THETA,
+    device: Optional[torch.device] = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """θ_i = base^(−2(i−1)/d) for i = 1 … d/2 (Eq. 15), as fp32 of shape (d/2,)."""
+    """θ_i = base^(−2(i−1)/d) for i = 1 … d/2 (Eq. 15), shape (d/2,)."""
     exponents = torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device)
-    return (float(theta) ** (-exponents / rope_dim)).to(torch.float32)
+    return (float(theta) ** (-exponents / rope_dim)).to(dtype)
 
 
 def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """The angles m·θ_i in fp32, shape ``positions.shape + (d/2,)``."""
-    return positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(torch.float32)
+    """The angles m·θ_i in inv_freq's precision, shape ``positions.shape + (d/2,)``."""
+    return positions.to(inv_freq.dtype).unsqueeze(-1) * inv_freq
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
@@ -150,7 +158,8 @@ def cos_sin(
     table = _TABLES.get(key)
     if table is None or table.capacity < needed:
         capacity = max(256, 1 << (needed - 1).bit_length())
-        table = _CosSinTable(inverse_frequencies(rope_dim, theta, device), dtype, capacity)
+        inv_freq = inverse_frequencies(rope_dim, theta, device, angle_dtype(dtype))
+        table = _CosSinTable(inv_freq, dtype, capacity)
         _TABLES[key] = table
     return table.cos[offset:needed], table.sin[offset:needed]
 
@@ -192,7 +201,9 @@ class RotaryEmbedding(torch.nn.Module):
             return cos_sin(
                 x.size(-2), self.rope_dim, self.theta, x.device, x.dtype, offset
             )
-        inv_freq = inverse_frequencies(self.rope_dim, self.theta, x.device)
+        inv_freq = inverse_frequencies(
+            self.rope_dim, self.theta, x.device, angle_dtype(x.dtype)
+        )
         angles = rotation_angles(positions.to(x.device), inv_freq)
         return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 

@@ -1,0 +1,125 @@
+"""Command line: ``python -m fairseq_rope.prepare.cli {wmt14,parallel} [options] OUT_DIR``.
+
+The shell entry points ``scripts/prepare_wmt14_en_de.sh`` and
+``scripts/prepare_parallel.sh`` call this. Problems with the data exit with
+status 1 and a one-paragraph ``error:`` message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from fairseq_rope.prepare import recipes
+from fairseq_rope.prepare.archives import WMT14_ARCHIVES, WMT14_EN_DE, ensure_archives
+from fairseq_rope.prepare.bpe import METHODS, SUBWORD_NMT
+from fairseq_rope.prepare.files import PrepareError
+from fairseq_rope.prepare.multiproc import DEFAULT_CHUNK_LINES
+from fairseq_rope.prepare.pipeline import Pipeline, Step
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("out_dir", metavar="OUT_DIR", type=Path,
+                        help="output directory (created; reruns resume)")
+    common.add_argument("--bpe", choices=METHODS, default=SUBWORD_NMT,
+                        help="joint subword model: subword-nmt BPE or a SentencePiece BPE model "
+                        "(default: %(default)s)")
+    common.add_argument("--vocab-size", type=_positive, default=37000,
+                        help="target joined vocabulary size; smaller corpora stop earlier "
+                        "(default: %(default)s)")
+    common.add_argument("--workers", type=_positive, default=os.cpu_count() or 1,
+                        help="worker processes; outputs do not depend on it "
+                        "(default: all cores, %(default)s)")
+    common.add_argument("--chunk-lines", type=_positive, default=DEFAULT_CHUNK_LINES,
+                        help="lines per unit of parallel work (default: %(default)s)")
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_rope.prepare.cli",
+        description="Prepare parallel data for fairseq (see fairseq_rope.prepare).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    wmt = sub.add_parser("wmt14", parents=[common], help="WMT14 English-German (Europarl v7, Common Crawl, "
+                         "News Commentary v9; newstest2013 valid; newstest2014 full test)")
+    wmt.add_argument("--raw-dir", type=Path, help="directory with the release archives; missing ones are "
+                     "downloaded into it (default: OUT_DIR/orig)")
+    wmt.add_argument("--offline", action="store_true", help="never download: a missing archive is an error")
+
+    par = sub.add_parser("parallel", parents=[common], help="any raw parallel corpus given by file prefixes")
+    par.add_argument("--src", required=True, help="source language suffix, e.g. en (files PREFIX.en)")
+    par.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
+    par.add_argument("--trainpref", required=True, help="training files prefix")
+    par.add_argument("--validpref", required=True, help="validation files prefix")
+    par.add_argument("--testpref", help="test files prefix (optional)")
+    par.add_argument("--no-tokenize", dest="tokenize", action="store_false",
+                     help="the text is tokenized already: skip normalization, non-printing character "
+                     "removal and Moses tokenization (BPE is learned and applied on the text as is)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the recipe selected by ``args``; return the joined dictionary size."""
+    out_dir: Path = args.out_dir.resolve()
+    wmt = args.command == "wmt14"
+    if not wmt and args.src == args.tgt:
+        raise PrepareError("--src and --tgt must differ")
+    opts = recipes.Options(
+        out_dir=out_dir,
+        src="en" if wmt else args.src,
+        tgt="de" if wmt else args.tgt,
+        bpe=args.bpe,
+        vocab_size=args.vocab_size,
+        workers=args.workers,
+        chunk_lines=args.chunk_lines,
+        tokenize=True if wmt else args.tokenize,
+        has_test=True if wmt else args.testpref is not None,
+        log=log,
+    )
+    name = "WMT14" if wmt else "parallel corpus"
+    log(f"{name} {opts.src}-{opts.tgt} → {out_dir} "
+        f"({opts.bpe}, vocabulary {opts.vocab_size:,}, {opts.workers} workers)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pipeline = Pipeline(out_dir, log=log)
+    with pipeline.lock():
+        first: Step
+        if wmt:
+            raw_dir = (args.raw_dir or out_dir / "orig").resolve()
+            archives = ensure_archives(raw_dir, WMT14_ARCHIVES, offline=args.offline, log=log)
+            first = recipes.wmt_extract_step(opts, WMT14_EN_DE, archives)
+        else:
+            prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
+            first = recipes.import_step(opts, prefixes)
+        pipeline.run([first, *recipes.common_steps(opts)])
+        return recipes.report(opts)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except PrepareError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: finished steps are kept, rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Line-oriented text I/O shared by the preparation steps.
+
+Lines are split on ``"\\n"`` only, like the Moses perl scripts: Python's
+universal-newline mode would also split on a lone ``"\\r"`` (Common Crawl has
+some) and silently misalign a parallel corpus.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Iterable, Iterator, List, Union
+
+PathLike = Union[str, Path]
+
+
+class PrepareError(Exception):
+    """A problem with the input data or the environment, reported without a traceback."""
+
+
+def open_text(path: PathLike, mode: str = "r") -> IO[str]:
+    """Open a UTF-8 text file whose lines end with ``"\\n"`` only."""
+    return open(path, mode, encoding="utf-8", newline="\n")
+
+
+def read_lines(path: PathLike) -> Iterator[str]:
+    """Yield the lines of one of our own (valid UTF-8) files, without the newline."""
+    with open_text(path) as f:
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
+
+
+def write_lines(path: PathLike, lines: Iterable[str]) -> int:
+    """Write ``lines`` (without newlines) to ``path``; return how many were written."""
+    n = 0
+    with open_text(path, "w") as f:
+        for line in lines:
+            f.write(line + "\n")
+            n += 1
+    return n
+
+
+def count_lines(path: PathLike) -> int:
+    """Number of lines in ``path`` (a last line without ``"\\n"`` counts too)."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def decode_lines(raw: Iterable[bytes], name: str, strict: bool = True) -> Iterator[str]:
+    """Decode byte lines (as split on ``b"\\n"``) to text lines without line endings.
+
+    A trailing ``"\\r"`` (CRLF files) is dropped. With ``strict``, a non-UTF-8
+    line is a :class:`PrepareError` naming ``name`` and the line number; without,
+    bad bytes become U+FFFD and one warning summarises them.
+    """
+    bad: List[int] = []
+    for lineno, line in enumerate(raw, start=1):
+        line = line.rstrip(b"\n")
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if strict:
+                raise PrepareError(
+                    f"{name}: line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                ) from None
+            bad.append(lineno)
+            yield line.decode("utf-8", errors="replace")
+    if bad:
+        print(f"warning: {name}: {len(bad)} line(s) with invalid UTF-8, bad bytes replaced by U+FFFD "
+              f"(first: line {bad[0]})")
+
+
+def copy_user_file(src: PathLike, dest: PathLike) -> int:
+    """Copy a user-supplied corpus file to ``dest``, checking it on the way.
+
+    It must exist, be non-empty and valid UTF-8 (see :func:`decode_lines`);
+    returns its number of lines.
+    """
+    src = Path(src)
+    if not src.is_file():
+        raise PrepareError(f"{src}: no such file")
+    with open(src, "rb") as f:
+        n = write_lines(dest, decode_lines(f, str(src), strict=True))
+    if n == 0:
+        raise PrepareError(f"{src}: file is empty")
+    return n
+
+
+def check_aligned(src: PathLike, n_src: int, tgt: PathLike, n_tgt: int) -> None:
+    """Raise if two sides of a parallel corpus have different line counts."""
+    if n_src != n_tgt:
+        raise PrepareError(
+            f"misaligned parallel files: {src} has {n_src} lines but {tgt} has {n_tgt} lines"
+        )

@@ -1,0 +1,125 @@
+"""Shared fixtures: a toy parallel corpus, its binarized form, a trained tiny
+RoPE checkpoint (all built by the tests themselves), and in-process model
+construction through fairseq's own argument parser."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = REPO / "fairseq_rope"
+BIN_DIR = Path(sys.executable).parent
+
+# A toy translation task: German-like output is the source words, translated
+# word by word and in reverse order — learnable, and position-dependent.
+TOY_LEXICON = {
+    "house": "haus", "dog": "hund", "cat": "katze", "tree": "baum", "car": "auto",
+    "book": "buch", "man": "mann", "woman": "frau", "child": "kind", "city": "stadt",
+    "red": "rot", "big": "gross", "small": "klein", "old": "alt", "new": "neu",
+}
+
+
+def toy_pairs(n: int, seed: int) -> List[tuple]:
+    rng = random.Random(seed)
+    words = sorted(TOY_LEXICON)
+    pairs = []
+    for _ in range(n):
+        src = [rng.choice(words) for _ in range(rng.randint(2, 7))]
+        pairs.append((" ".join(src), " ".join(TOY_LEXICON[w] for w in reversed(src))))
+    return pairs
+
+
+def write_toy_corpus(directory: Path, sizes=(("train", 3000), ("valid", 40), ("test", 40))) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for seed, (split, n) in enumerate(sizes):
+        pairs = toy_pairs(n, seed)
+        (directory / f"{split}.en").write_text("".join(s + "\n" for s, _ in pairs))
+        (directory / f"{split}.de").write_text("".join(t + "\n" for _, t in pairs))
+    return directory
+
+
+def fairseq_cli(name: str, args: Sequence[str], cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
+    """Run a fairseq console script of this environment; fail loudly with its output."""
+    result = subprocess.run(
+        [str(BIN_DIR / name), *map(str, args)], cwd=cwd, capture_output=True, text=True, **kwargs
+    )
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+@pytest.fixture(scope="session")
+def toy_corpus(tmp_path_factory) -> Path:
+    return write_toy_corpus(tmp_path_factory.mktemp("toy") / "raw")
+
+
+@pytest.fixture(scope="session")
+def toy_data_bin(toy_corpus: Path) -> Path:
+    dest = toy_corpus.parent / "data-bin"
+    fairseq_cli("fairseq-preprocess", [
+        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
+        "--trainpref", toy_corpus / "train", "--validpref", toy_corpus / "valid",
+        "--testpref", toy_corpus / "test", "--destdir", dest,
+    ])
+    return dest
+
+
+# The paper's optimizer and schedule, sized for the toy task.
+TINY_TRAINING = [
+    "--user-dir", "fairseq_rope", "--arch", "transformer_rope_tiny", "--share-all-embeddings",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "3e-3",
+    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--warmup-init-lr", "1e-7",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--dropout", "0.0", "--max-tokens", "2000", "--cpu", "--seed", "1", "--no-progress-bar",
+]
+
+
+@pytest.fixture(scope="session")
+def trained_rope_checkpoint(toy_data_bin: Path) -> Path:
+    """A transformer_rope_tiny trained for a few hundred updates with the paper's optimizer."""
+    save_dir = toy_data_bin.parent / "checkpoints"
+    fairseq_cli("fairseq-train", [
+        toy_data_bin, *TINY_TRAINING, "--max-update", "240", "--save-dir", save_dir,
+        "--no-epoch-checkpoints", "--validate-interval", "5", "--save-interval", "5",
+    ])
+    return save_dir / "checkpoint_last.pt"
+
+
+def parse_train_args(data_dir: Path, arch: str, *extra: str):
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    argv = [str(data_dir), "--user-dir", str(PLUGIN_DIR), "--arch", arch, "--cpu",
+            "--source-lang", "en", "--target-lang", "de", *extra]
+    return options.parse_args_and_arch(parser, input_args=argv)
+
+
+def build_model(data_dir: Path, arch: str, *extra: str):
+    """Build ``arch`` exactly as fairseq-train would, on ``data_dir``'s dictionaries."""
+    from fairseq import tasks
+
+    args = parse_train_args(data_dir, arch, *extra)
+    task = tasks.setup_task(args)
+    return task.build_model(args), task
+
+
+@pytest.fixture(scope="session")
+def dict_dir(tmp_path_factory) -> Path:
+    """A data directory holding only joined dictionaries (enough to build models)."""
+    directory = tmp_path_factory.mktemp("dicts")
+    symbols = "".join(f"w{i} {1000 - i}\n" for i in range(60))
+    for lang in ("en", "de"):
+        (directory / f"dict.{lang}.txt").write_text(symbols)
+    return directory
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    import torch
+
+    torch.manual_seed(0)

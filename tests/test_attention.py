@@ -1,0 +1,142 @@
+"""PositionalMultiheadAttention against an explicit reference and fairseq's own attention."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import nn
+
+from fairseq_rope.attention import PositionalMultiheadAttention
+from fairseq_rope.rotary import RotaryEmbedding
+
+EMBED, HEADS = 32, 4
+
+
+class NoEncoding(nn.Module):
+    def forward(self, x, offset=0):
+        return x
+
+
+def rope_attention(layout="interleaved", rope_dim=None) -> PositionalMultiheadAttention:
+    encoding = RotaryEmbedding(EMBED // HEADS, rope_dim, layout=layout)
+    return PositionalMultiheadAttention(EMBED, HEADS, encoding).eval()
+
+
+def reference(attn: PositionalMultiheadAttention, x, key_padding_mask=None, attn_mask=None):
+    """softmax(R q · R k / sqrt(d) + masks) v, written out from the definitions."""
+    T, B, _ = x.shape
+    H, D = attn.num_heads, attn.head_dim
+
+    def heads(t):
+        return t.view(T, B, H, D).permute(1, 2, 0, 3)
+
+    rotate = attn.position_encoding
+    q, k, v = heads(attn.q_proj(x)), heads(attn.k_proj(x)), heads(attn.v_proj(x))
+    logits = rotate(q) @ rotate(k).transpose(-1, -2) / D**0.5
+    if attn_mask is not None:
+        logits = logits + attn_mask
+    if key_padding_mask is not None:
+        logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    out = torch.softmax(logits, -1) @ v
+    return attn.out_proj(out.permute(2, 0, 1, 3).reshape(T, B, H * D))
+
+
+def causal_mask(T):
+    return torch.triu(torch.full((T, T), float("-inf")), 1)
+
+
+def padding(lengths, T):
+    return torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_forward_matches_reference_with_padding_and_causal_masks(need_weights, layout):
+    attn = rope_attention(layout)
+    x = torch.randn(7, 3, EMBED)
+    kpm, mask = padding([7, 5, 2], 7), causal_mask(7)
+    out, weights = attn(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=need_weights)
+    expected = reference(attn, x, kpm, mask)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert (weights is not None) == need_weights
+    if need_weights:
+        assert weights.shape == (3, 7, 7)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, 7))
+
+
+def test_fused_and_explicit_paths_agree_in_training_mode_without_dropout():
+    attn = rope_attention().train()
+    x = torch.randn(9, 2, EMBED, requires_grad=True)
+    kpm = padding([9, 4], 9)
+    fused, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)
+    explicit, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    (g_fused,) = torch.autograd.grad(fused.sum(), x)
+    (g_explicit,) = torch.autograd.grad(explicit.sum(), x)
+    torch.testing.assert_close(g_fused, g_explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_without_encoding_it_is_exactly_fairseqs_attention():
+    """Same parameters and semantics as fairseq's MultiheadAttention (its fast path here)."""
+    stock = MultiheadAttention(EMBED, HEADS, self_attention=True).eval()
+    ours = PositionalMultiheadAttention(EMBED, HEADS, NoEncoding()).eval()
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(6, 2, EMBED)
+    kpm = padding([6, 3], 6)
+    torch.testing.assert_close(ours(x, x, x, kpm)[0], stock(x, x, x, kpm)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_rotation_is_never_skipped():
+    """Rotating changes the output; an unrotated copy of the same weights differs."""
+    attn = rope_attention()
+    plain = PositionalMultiheadAttention(EMBED, HEADS, NoEncoding()).eval()
+    plain.load_state_dict(attn.state_dict())
+    x = torch.randn(8, 2, EMBED)
+    for need_weights in (False, True):
+        rotated = attn(x, x, x, need_weights=need_weights)[0]
+        assert (rotated - plain(x, x, x, need_weights=need_weights)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("rope_dim", [None, 4])
+def test_incremental_steps_equal_full_causal_forward(rope_dim):
+    attn = rope_attention(rope_dim=rope_dim)
+    x = torch.randn(10, 3, EMBED)
+    full, _ = attn(x, x, x, attn_mask=causal_mask(10), need_weights=False)
+    state = {}
+    steps = [attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)[0] for t in range(10)]
+    assert (torch.cat(steps) - full).abs().max() < 1e-5
+    cached = attn._get_input_buffer(state)
+    assert cached["prev_key"].shape == (3, HEADS, 10, EMBED // HEADS)
+
+
+def test_cache_holds_rotated_keys_and_survives_beam_reordering():
+    attn = rope_attention()
+    x = torch.randn(5, 4, EMBED)
+    state = {}
+    for t in range(4):
+        attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
+    keys = attn._get_input_buffer(state)["prev_key"]
+    raw = attn.k_proj(x[:4]).view(4, 4, HEADS, -1).permute(1, 2, 0, 3)
+    torch.testing.assert_close(keys, attn.position_encoding(raw))
+    # Reorder the batch (as beam search does), then take one more step.
+    order = torch.tensor([2, 2, 0, 1])
+    attn.reorder_incremental_state(state, order)
+    step, _ = attn(x[4:5, order], x[4:5, order], x[4:5, order], incremental_state=state, need_weights=False)
+    full, _ = attn(x[:, order], x[:, order], x[:, order], attn_mask=causal_mask(5), need_weights=False)
+    assert (step[0] - full[4]).abs().max() < 1e-5
+
+
+def test_head_weights_shape():
+    attn = rope_attention()
+    x = torch.randn(4, 2, EMBED)
+    _, weights = attn(x, x, x, need_head_weights=True)
+    assert weights.shape == (HEADS, 2, 4, 4)
+
+
+def test_unsupported_options_are_refused():
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        PositionalMultiheadAttention(EMBED, HEADS, NoEncoding(), add_bias_kv=True)
+    attn = rope_attention()
+    x = torch.randn(3, 1, EMBED)
+    with pytest.raises(ValueError, match="self-attention only"):
+        attn(x, x, x, static_kv=True)
