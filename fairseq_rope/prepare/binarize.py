@@ -1,16 +1,18 @@
-"""``fairseq-preprocess --joined-dictionary``, run in-process.
+"""``fairseq-preprocess --joined-dictionary``, run as fairseq's own CLI.
 
-In-process rather than as a subprocess: this package already imports fairseq,
-and a second interpreter would pay that import (seconds) again.
+A subprocess rather than ``preprocess.main`` in-process: fairseq-preprocess
+configures logging (its ``preprocess.log``) at import, which an embedding
+process that already configured logging silently overrides.
 """
 
 from __future__ import annotations
 
-import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Optional
 
-from fairseq_rope.prepare.files import PathLike
+from fairseq_rope.prepare.files import PathLike, PrepareError
 
 
 def binarize(
@@ -23,27 +25,17 @@ def binarize(
     workers: int = 1,
 ) -> None:
     """Build the joined dictionary on the training text and binarize every split into ``destdir``."""
-    from fairseq import options
-    from fairseq_cli import preprocess
-
     argv = [
+        sys.executable, "-m", "fairseq_cli.preprocess",
         "--source-lang", src, "--target-lang", tgt,
         "--trainpref", str(trainpref), "--validpref", str(validpref),
         "--destdir", str(destdir), "--joined-dictionary", "--workers", str(max(1, workers)),
     ]
     if testpref is not None:
         argv += ["--testpref", str(testpref)]
-    args = options.get_preprocessing_parser().parse_args(argv)
-    # preprocess.main attaches a FileHandler for destdir/preprocess.log on every
-    # call; detach it afterwards so repeated in-process runs do not leak files.
-    logger = logging.getLogger("fairseq_cli.preprocess")
-    before = set(logger.handlers)
-    try:
-        preprocess.main(args)
-    finally:
-        for handler in set(logger.handlers) - before:
-            logger.removeHandler(handler)
-            handler.close()
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise PrepareError(f"fairseq-preprocess failed:\n{result.stderr[-3000:]}")
 
 
 def dictionary_size(path: PathLike) -> int:
