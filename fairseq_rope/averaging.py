@@ -1,0 +1,253 @@
+"""Checkpoint averaging (Vaswani et al.: the last N checkpoints' parameters, averaged).
+
+The plugin's own version of fairseq's ``scripts/average_checkpoints.py`` (pip
+does not install fairseq's scripts): it picks checkpoints by fairseq's naming
+(``checkpoint_<epoch>_<update>.pt`` every ``--save-interval-updates``,
+``checkpoint<epoch>.pt`` at epoch ends), sorted numerically. Compared with
+fairseq's script it
+
+* loads with the safe unpickler (:func:`fairseq_rope.checkpoints.load_checkpoint`);
+* checks that all checkpoints have the same parameter names and shapes;
+* averages floating-point tensors in float64 and casts back to each tensor's
+  dtype (fp16 weights are not summed in fp16), and copies non-float tensors
+  (e.g. ``version`` buffers) after checking they agree, instead of averaging them;
+* keeps the newest checkpoint's other entries (args, cfg, extra_state, ...) but
+  drops ``last_optimizer_state``, which is useless for decoding and is twice
+  the size of the model with Adam;
+* writes the output atomically (a temporary file in the same directory, then
+  ``os.replace``), so a failure never leaves a partial or stale-looking file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from fairseq_rope.checkpoints import load_checkpoint
+
+PathLike = Union[str, os.PathLike]
+Kind = Literal["update", "epoch"]
+
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
+# Entries not carried into the averaged checkpoint.
+DROPPED_ENTRIES = ("last_optimizer_state",)
+
+
+class AveragingError(ValueError):
+    """Checkpoints that cannot be selected or averaged."""
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointFile:
+    """A checkpoint found on disk; orders by (update, epoch) for update checkpoints, epoch otherwise."""
+
+    sort_key: Tuple[int, ...]
+    path: Path
+
+    @property
+    def number(self) -> int:
+        """The update (update checkpoints) or epoch (epoch checkpoints) number."""
+        return self.sort_key[0]
+
+
+def find_checkpoints(directory: PathLike, kind: Kind) -> List[CheckpointFile]:
+    """fairseq's update or epoch checkpoints in ``directory``, oldest first (numeric order)."""
+    found = []
+    for path in Path(directory).iterdir():
+        if kind == "update":
+            m = UPDATE_CHECKPOINT.fullmatch(path.name)
+            key = (int(m.group(2)), int(m.group(1))) if m else None
+        elif kind == "epoch":
+            m = EPOCH_CHECKPOINT.fullmatch(path.name)
+            key = (int(m.group(1)),) if m else None
+        else:
+            raise ValueError(f"unknown checkpoint kind {kind!r}")
+        if key is not None and path.is_file():
+            found.append(CheckpointFile(key, path))
+    return sorted(found)
+
+
+def last_checkpoints(
+    directory: PathLike,
+    num: int,
+    kind: Union[Kind, Literal["auto"]] = "update",
+    upper_bound: Optional[int] = None,
+) -> List[Path]:
+    """The last ``num`` checkpoints of a kind, oldest first.
+
+    ``kind="auto"`` uses update checkpoints if there are any, else epoch ones.
+    ``upper_bound`` excludes checkpoints past that update (epoch) number.
+    """
+    if num < 1:
+        raise AveragingError(f"the number of checkpoints to average must be >= 1, not {num}")
+    if not Path(directory).is_dir():
+        raise AveragingError(f"no such checkpoint directory: {directory}")
+    if kind == "auto":
+        kind = "update" if find_checkpoints(directory, "update") else "epoch"
+    candidates = [
+        c for c in find_checkpoints(directory, kind)
+        if upper_bound is None or c.number <= upper_bound
+    ]
+    if len(candidates) < num:
+        pattern = "checkpoint_<epoch>_<update>.pt" if kind == "update" else "checkpoint<epoch>.pt"
+        bound = f" up to {kind} {upper_bound}" if upper_bound is not None else ""
+        found = ", ".join(c.path.name for c in candidates) or "none"
+        raise AveragingError(
+            f"asked for the last {num} {kind} checkpoints ({pattern}){bound} in {directory}, "
+            f"found {len(candidates)}: {found}"
+        )
+    return [c.path for c in candidates[-num:]]
+
+
+def average_checkpoints(paths: Sequence[PathLike]) -> Dict[str, Any]:
+    """Average the ``model`` parameters of ``paths``; other entries come from the last (newest) path.
+
+    Checkpoints are loaded one at a time, so memory holds one checkpoint plus
+    the float64 sums.
+    """
+    if not paths:
+        raise AveragingError("no checkpoints to average")
+    newest = Path(paths[-1])
+    state = load_checkpoint(newest)
+    reference = _model_state(state, newest)
+    state = {k: v for k, v in state.items() if k not in DROPPED_ENTRIES}
+    # copy=True: .double() of a float64 tensor would alias (and then mutate) the reference.
+    sums = {k: v.to(torch.float64, copy=True) for k, v in reference.items() if _is_float_tensor(v)}
+    for path in map(Path, paths[:-1]):
+        model = _model_state(load_checkpoint(path), path)
+        _check_compatible(model, path, reference, newest)
+        for key, total in sums.items():
+            total += model[key].double()
+
+    averaged = {
+        key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
+        for key, value in reference.items()
+    }
+    return {**state, "model": averaged}
+
+
+def _model_state(state: Any, path: Path) -> Mapping[str, Any]:
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise AveragingError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    return state["model"]
+
+
+def _is_float_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _check_compatible(
+    model: Mapping[str, Any], path: Path, reference: Mapping[str, Any], reference_path: Path
+) -> None:
+    """Same keys, shapes and kinds as the reference; non-float entries equal (they are copied)."""
+    missing = [k for k in reference if k not in model]
+    extra = [k for k in model if k not in reference]
+    if missing or extra:
+        key, what = (missing[0], "lacks") if missing else (extra[0], "has extra")
+        raise AveragingError(
+            f"{path} {what} parameter {key!r} compared with {reference_path} "
+            f"({len(missing)} missing, {len(extra)} extra)"
+        )
+    for key, ref in reference.items():
+        value = model[key]
+        if isinstance(ref, torch.Tensor) != isinstance(value, torch.Tensor):
+            raise AveragingError(f"{path}: {key!r} is a tensor in only one of it and {reference_path}")
+        if not isinstance(ref, torch.Tensor):
+            if value != ref:
+                raise AveragingError(f"{path}: non-tensor entry {key!r} differs from {reference_path}")
+            continue
+        if value.shape != ref.shape:
+            raise AveragingError(
+                f"{path}: parameter {key!r} has shape {tuple(value.shape)}, "
+                f"but {tuple(ref.shape)} in {reference_path}"
+            )
+        if value.is_floating_point() != ref.is_floating_point():
+            raise AveragingError(
+                f"{path}: {key!r} is {value.dtype}, but {ref.dtype} in {reference_path}"
+            )
+        if not ref.is_floating_point() and not torch.equal(value, ref):
+            raise AveragingError(
+                f"{path}: non-float tensor {key!r} differs from {reference_path}; "
+                "it is copied, not averaged, so it must be equal in all checkpoints"
+            )
+
+
+def save_atomically(state: Mapping[str, Any], output: PathLike) -> None:
+    """``torch.save`` to a temporary file beside ``output``, then rename it over ``output``."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def average_last_checkpoints(
+    directory: PathLike,
+    output: PathLike,
+    num: int,
+    kind: Union[Kind, Literal["auto"]] = "update",
+    upper_bound: Optional[int] = None,
+) -> List[Path]:
+    """Average the last ``num`` checkpoints of ``directory`` into ``output``; returns the inputs."""
+    paths = last_checkpoints(directory, num, kind, upper_bound)
+    save_atomically(average_checkpoints(paths), output)
+    return paths
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command line of ``scripts/average_checkpoints.py``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Average the last N fairseq checkpoints of a directory into one file. "
+        "Prints the averaged checkpoints, oldest first, one per line.",
+    )
+    parser.add_argument("--inputs", required=True, metavar="DIR", help="checkpoint directory")
+    parser.add_argument("--output", required=True, metavar="FILE", help="averaged checkpoint to write")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                       help="average the last N checkpoint_<epoch>_<update>.pt")
+    which.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                       help="average the last N checkpoint<epoch>.pt")
+    which.add_argument("--num-checkpoints", type=int, metavar="N",
+                       help="the last N update checkpoints if there are any, else epoch checkpoints")
+    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="N",
+                        help="ignore checkpoints after update (epoch) N")
+    args = parser.parse_args(argv)
+
+    if args.num_update_checkpoints is not None:
+        num, kind = args.num_update_checkpoints, "update"
+    elif args.num_epoch_checkpoints is not None:
+        num, kind = args.num_epoch_checkpoints, "epoch"
+    else:
+        num, kind = args.num_checkpoints, "auto"
+    try:
+        paths = average_last_checkpoints(
+            args.inputs, args.output, num, kind, args.checkpoint_upper_bound
+        )
+    except AveragingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"averaged {len(paths)} checkpoints into {args.output}", file=sys.stderr)
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

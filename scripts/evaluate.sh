@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Evaluate a training run the paper's way: average the last N checkpoints,
+# decode with beam 4 / length penalty 0.6, report tokenized compound-split BLEU
+# and sacreBLEU (fairseq_rope/scoring.py explains both).
+#
+#   scripts/evaluate.sh SAVE_DIR DATA_BIN [--raw-ref FILE] [--subset test]
+#       [--num-checkpoints 5] [--detok-lang LANG] [--max-tokens 8192]
+#       [-- extra fairseq-generate args...]
+#
+# Averages the last N update checkpoints (epoch checkpoints if there are no
+# update checkpoints; fewer than N is an error) into
+# SAVE_DIR/checkpoint_avg_lastN.pt and decodes it. Writes to SAVE_DIR/eval/:
+# generate-SUBSET.txt (fairseq-generate's output; its log: generate-SUBSET.log),
+# hyps.tok.TGT, refs.tok.TGT, hyps.detok.TGT, averaged_checkpoints.txt and
+# results.json. --raw-ref (untokenized references) defaults to
+# DATA_BIN/../raw/SUBSET.TGT; if that does not exist, sacreBLEU is reported as
+# unavailable. Extra arguments after -- go to fairseq-generate, last.
+set -euo pipefail
+
+usage() {
+    echo "usage: $0 SAVE_DIR DATA_BIN [--raw-ref FILE] [--subset test] [--num-checkpoints 5]" \
+         "[--detok-lang LANG] [--max-tokens 8192] [-- extra fairseq-generate args...]" >&2
+    exit 2
+}
+[[ $# -ge 2 ]] || usage
+save_dir=$1 data_bin=$2
+shift 2
+raw_ref="" subset=test num=5 detok_lang="" max_tokens=8192 extra=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --raw-ref) raw_ref=$2; shift 2 ;;
+        --subset) subset=$2; shift 2 ;;
+        --num-checkpoints) num=$2; shift 2 ;;
+        --detok-lang) detok_lang=$2; shift 2 ;;
+        --max-tokens) max_tokens=$2; shift 2 ;;
+        --) shift; extra=("$@"); break ;;
+        *) echo "unknown option: $1" >&2; usage ;;
+    esac
+done
+
+for dir in "$save_dir" "$data_bin"; do
+    if [[ ! -d $dir ]]; then echo "error: no such directory: $dir" >&2; exit 1; fi
+done
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# Plugin dir without importing it (find_spec does not run the package), and
+# whether CUDA is there (fairseq would fall back to CPU anyway; --cpu says so).
+read -r plugin has_cuda < <(python -c '
+import importlib.util, os, torch
+print(os.path.dirname(importlib.util.find_spec("fairseq_rope").origin), int(torch.cuda.is_available()))')
+if [[ -z ${plugin:-} ]]; then
+    echo "error: cannot import fairseq_rope and torch (is the virtual environment active?)" >&2
+    exit 1
+fi
+eval_dir=$save_dir/eval
+avg=$save_dir/checkpoint_avg_last$num.pt
+mkdir -p "$eval_dir"
+
+python "$here/average_checkpoints.py" --inputs "$save_dir" --output "$avg" \
+    --num-checkpoints "$num" > "$eval_dir/averaged_checkpoints.txt"
+mapfile -t averaged < "$eval_dir/averaged_checkpoints.txt"
+
+# --required-batch-size-multiple 1: with fairseq's default of 8 the last batch
+# (the longest sentences) is dropped unless its size is a multiple of 8
+# (facebookresearch/fairseq#5036), and BLEU would be on an incomplete test set.
+gen=(fairseq-generate "$data_bin" --user-dir "$plugin" --path "$avg"
+     --gen-subset "$subset" --beam 4 --lenpen 0.6 --remove-bpe --max-tokens "$max_tokens"
+     --required-batch-size-multiple 1)
+if [[ $has_cuda == 0 ]]; then gen+=(--cpu); fi
+gen+=("${extra[@]}")
+output=$eval_dir/generate-$subset.txt log=$eval_dir/generate-$subset.log
+echo "decoding $subset with $avg -> $output (log: $log)" >&2
+if ! "${gen[@]}" > "$output" 2> "$log"; then
+    tail -n 40 "$log" >&2
+    echo "error: fairseq-generate failed (full log: $log)" >&2
+    exit 1
+fi
+
+score=(python -m fairseq_rope.scoring "$output" --out-dir "$eval_dir"
+       --data-bin "$data_bin" --subset "$subset" --checkpoint "$avg"
+       --averaged-checkpoints "${averaged[@]}")
+if [[ -n $raw_ref ]]; then score+=(--raw-ref "$raw_ref"); fi
+if [[ -n $detok_lang ]]; then score+=(--detok-lang "$detok_lang"); fi
+"${score[@]}" -- "${gen[@]}"
