@@ -27,7 +27,7 @@ $(STAMP): setup.py
 	@touch $@
 
 demo: setup
-	PATH="$(abspath $(BIN)):$$PATH" scripts/demo.sh $(DEMO_DIR)
+	PYTHON="$(abspath $(BIN))/python" scripts/demo.sh $(DEMO_DIR)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -9,6 +9,7 @@
 #
 # Every step resumes: a rerun skips what is finished.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=${1:-demo}
 
@@ -16,7 +17,7 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "1/4 synthetic corpus (fairseq_rope/demo_corpus.py) -> $work/corpus"
 if [[ ! -f $work/corpus/test.de ]]; then
-    python -m fairseq_rope.demo_corpus --out-dir "$work/corpus" --train 20000 --valid 500 --test 500
+    "$PYTHON" -m fairseq_rope.demo_corpus --out-dir "$work/corpus" --train 20000 --valid 500 --test 500
 fi
 
 step "2/4 prepare: tokenize, joint BPE, clean, binarize -> $work/data"

@@ -16,6 +16,7 @@
 # DATA_BIN/../raw/SUBSET.TGT; if that does not exist, sacreBLEU is reported as
 # unavailable. Extra arguments after -- go to fairseq-generate, last.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 usage() {
     echo "usage: $0 SAVE_DIR DATA_BIN [--raw-ref FILE] [--subset test] [--num-checkpoints 5]" \
@@ -45,7 +46,7 @@ done
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # Plugin dir without importing it (find_spec does not run the package), and
 # whether CUDA is there (fairseq would fall back to CPU anyway; --cpu says so).
-read -r plugin has_cuda < <(python -c '
+read -r plugin has_cuda < <("$PYTHON" -c '
 import importlib.util, os, torch
 print(os.path.dirname(importlib.util.find_spec("fairseq_rope").origin), int(torch.cuda.is_available()))')
 if [[ -z ${plugin:-} ]]; then
@@ -56,7 +57,7 @@ eval_dir=$save_dir/eval
 avg=$save_dir/checkpoint_avg_last$num.pt
 mkdir -p "$eval_dir"
 
-python "$here/average_checkpoints.py" --inputs "$save_dir" --output "$avg" \
+"$PYTHON" "$here/average_checkpoints.py" --inputs "$save_dir" --output "$avg" \
     --num-checkpoints "$num" > "$eval_dir/averaged_checkpoints.txt"
 mapfile -t averaged < "$eval_dir/averaged_checkpoints.txt"
 
@@ -76,7 +77,7 @@ if ! "${gen[@]}" > "$output" 2> "$log"; then
     exit 1
 fi
 
-score=(python -m fairseq_rope.scoring "$output" --out-dir "$eval_dir"
+score=("$PYTHON" -m fairseq_rope.scoring "$output" --out-dir "$eval_dir"
        --data-bin "$data_bin" --subset "$subset" --checkpoint "$avg"
        --averaged-checkpoints "${averaged[@]}")
 if [[ -n $raw_ref ]]; then score+=(--raw-ref "$raw_ref"); fi

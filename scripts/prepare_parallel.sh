@@ -7,11 +7,7 @@
 #            [--testpref P] [--bpe subword-nmt|sentencepiece] [--vocab-size 37000]
 #            [--workers N] [--no-tokenize] OUT_DIR
 #
-# Reruns skip finished steps. Python: $PYTHON, else the repo's .venv, else `python`.
+# Reruns skip finished steps. Python: see scripts/env.sh.
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -z "${PYTHON:-}" && -x "$repo/.venv/bin/python" ]]; then
-    PYTHON="$repo/.venv/bin/python"
-fi
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python}" -m fairseq_rope.prepare.cli parallel "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+exec "$PYTHON" -m fairseq_rope.prepare.cli parallel "$@"

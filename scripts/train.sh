@@ -14,6 +14,7 @@
 # fairseq's log to SAVE_DIR/train.log while showing it on the terminal.
 # Re-running with the same SAVE_DIR resumes from SAVE_DIR/checkpoint_last.pt.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 if [[ $# -lt 3 ]]; then
     echo "usage: $0 CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]" >&2
@@ -25,7 +26,7 @@ shift 3
 # Resolve the command first, so a bad config creates no SAVE_DIR.
 argv_file=$(mktemp)
 trap 'rm -f "$argv_file"' EXIT
-python -m fairseq_rope.experiment --null --data "$data_bin" --save-dir "$save_dir" \
+"$PYTHON" -m fairseq_rope.experiment --null --data "$data_bin" --save-dir "$save_dir" \
     "$config" -- "$@" > "$argv_file"
 mapfile -d '' -t args < "$argv_file"
 cmd=(fairseq-train "${args[@]}")
