@@ -28,7 +28,7 @@ setup(
         "matplotlib>=3.5",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "tensorboardX>=2.5"],
         "tensorboard": ["tensorboardX>=2.5"],
     },
     classifiers=[

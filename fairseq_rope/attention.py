@@ -71,7 +71,9 @@ class PositionalMultiheadAttention(MultiheadAttention):
                 "(static_kv and before_softmax are not supported)"
             )
         tgt_len, bsz, _ = query.size()
-        q, k, v = (self._split_heads(proj(query), bsz) for proj in self._projections())
+        q, k, v = (
+            self._split_heads(proj(query), bsz) for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
 
         saved_state = None
         offset = 0
@@ -100,9 +102,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         return self.out_proj(out), weights
-
-    def _projections(self):
-        return self.q_proj, self.k_proj, self.v_proj
 
     def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
         """(T, B, C) → (B, H, T, D)."""

@@ -46,9 +46,11 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import yaml
+
+from fairseq_rope.cli import split_passthrough
 
 CONFIG_SUFFIX = ".yaml"
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -219,16 +221,9 @@ def training_argv(
     ]
 
 
-def _split_extra(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """Split ``argv`` at the first ``--``: (own arguments, extra fairseq-train arguments)."""
-    if "--" in argv:
-        i = list(argv).index("--")
-        return list(argv[:i]), list(argv[i + 1:])
-    return list(argv), []
-
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, extra = _split_extra(sys.argv[1:] if argv is None else argv)
+    own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_rope.experiment",
         description="Print the fairseq-train arguments of an experiment config.",

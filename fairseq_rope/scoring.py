@@ -37,6 +37,8 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesDetokenizer
 
+from fairseq_rope.cli import split_passthrough
+
 PathLike = Union[str, os.PathLike]
 
 # fairseq-generate lines: S-<id>\tsource, T-<id>\ttarget, H-<id>\tscore\thypothesis,
@@ -304,15 +306,9 @@ def _absolute(path: Optional[str]) -> Optional[str]:
     return str(Path(path).resolve()) if path is not None else None
 
 
-def _split_command(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
-    if "--" in argv:
-        i = list(argv).index("--")
-        return list(argv[:i]), list(argv[i + 1:])
-    return list(argv), []
-
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, command = _split_command(sys.argv[1:] if argv is None else argv)
+    own, command = split_passthrough(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_rope.scoring",
         description="Score fairseq-generate output: tokenized compound-split BLEU and sacreBLEU.",

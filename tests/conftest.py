@@ -86,6 +86,7 @@ def trained_rope_checkpoint(toy_data_bin: Path) -> Path:
     fairseq_cli("fairseq-train", [
         toy_data_bin, *TINY_TRAINING, "--max-update", "240", "--save-dir", save_dir,
         "--no-epoch-checkpoints", "--validate-interval", "5", "--save-interval", "5",
+        "--tensorboard-logdir", save_dir / "tensorboard",
     ])
     return save_dir / "checkpoint_last.pt"
 

@@ -67,6 +67,14 @@ def test_hub_interface_translates_like_the_cli(toy_data_bin, trained_rope_checkp
     assert hub == "auto katze klein"
 
 
+def test_tensorboard_logdir_writes_training_and_validation_events(trained_rope_checkpoint):
+    """--tensorboard-logdir works with the [tensorboard] extra (part of [test])."""
+    logdir = trained_rope_checkpoint.parent / "tensorboard"
+    for subset in ("train", "valid"):
+        events = list((logdir / subset).glob("events.out.tfevents.*"))
+        assert events and events[0].stat().st_size > 100, subset
+
+
 def test_restore_file_resumes_training_under_safe_loading(toy_data_bin, trained_rope_checkpoint, tmp_path):
     out = fairseq_cli("fairseq-train", [
         toy_data_bin, *TINY_TRAINING, "--restore-file", trained_rope_checkpoint,
