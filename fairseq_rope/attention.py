@@ -19,24 +19,26 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
-from torch import Tensor, nn
+from torch import Tensor
+
+from fairseq_rope.position_encoding import PositionEncoding
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 class PositionalMultiheadAttention(MultiheadAttention):
-    """Multi-head self-attention whose q/k go through ``position_encoding``.
+    """Multi-head self-attention with a :class:`PositionEncoding` inside.
 
-    ``position_encoding`` maps a (batch, heads, time, head_dim) tensor and the
-    position of its first time step to the encoded tensor (e.g.
-    :class:`fairseq_rope.rotary.RotaryEmbedding`).
+    The encoding's hooks (see :mod:`fairseq_rope.position_encoding`) act on
+    (batch, heads, time, head_dim) tensors: RoPE rotates q and k, Shaw et al.'s
+    relative representations add to the logits and to the values.
     """
 
     def __init__(
         self,
         embed_dim: int,
         num_heads: int,
-        position_encoding: nn.Module,
+        position_encoding: PositionEncoding,
         dropout: float = 0.0,
         **kwargs,
     ) -> None:
@@ -81,8 +83,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
             saved_state = self._get_input_buffer(incremental_state)
             if "prev_key" in saved_state:
                 offset = saved_state["prev_key"].size(2)
-        q = self.position_encoding(q, offset=offset)
-        k = self.position_encoding(k, offset=offset)
+        encoding = self.position_encoding
+        q, k = encoding.encode_qk(q, k, offset)
 
         if saved_state is not None:
             k, v, key_padding_mask = self._extend_cache(
@@ -90,10 +92,16 @@ class PositionalMultiheadAttention(MultiheadAttention):
             )
 
         mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype)
+        bias = encoding.logit_bias(q, offset, k.size(2))
+        if bias is not None:
+            # The encoding's term joins q·k before the 1/√d scaling (Shaw et al. Eq. 4).
+            mask = bias * self.scaling if mask is None else bias * self.scaling + mask
         need_weights = need_weights or need_head_weights
-        if need_weights:
-            out, weights = self._attend_explicitly(q, k, v, mask)
-            if not need_head_weights:
+        if need_weights or encoding.needs_probabilities:
+            out, weights = self._attend_explicitly(q, k, v, mask, offset)
+            if not need_weights:
+                weights = None
+            elif not need_head_weights:
                 weights = weights.mean(dim=1)
             else:
                 weights = weights.transpose(0, 1)
@@ -165,7 +173,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
         )
 
     def _attend_explicitly(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], offset: int
     ) -> Tuple[Tensor, Tensor]:
         """Softmax attention that also returns the per-head weights (B, H, T, S)."""
         logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
@@ -173,4 +181,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
             logits = logits + mask
         weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
         probs = self.dropout_module(weights)
-        return torch.matmul(probs, v), weights
+        out = torch.matmul(probs, v)
+        value_term = self.position_encoding.value_term(probs, offset)
+        if value_term is not None:
+            out = out + value_term
+        return out, weights

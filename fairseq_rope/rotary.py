@@ -34,6 +34,8 @@ from typing import Dict, Literal, Optional, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_rope.position_encoding import PositionEncoding
+
 Layout = Literal["interleaved", "half"]
 LAYOUTS: Tuple[str, ...] = ("interleaved", "half")
 DEFAULT_THETA = 10000.0
@@ -164,7 +166,7 @@ def cos_sin(
     return table.cos[offset:needed], table.sin[offset:needed]
 
 
-class RotaryEmbedding(torch.nn.Module):
+class RotaryEmbedding(PositionEncoding):
     """RoPE as a position encoding for one attention module's queries and keys.
 
     Holds only hyper-parameters (no parameters or buffers), so ``.half()``,
@@ -217,3 +219,7 @@ class RotaryEmbedding(torch.nn.Module):
         """
         cos, sin = self.angles_cos_sin(x, offset, positions)
         return apply_rotary(x, cos, sin, self.layout)
+
+    def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
+        """Rotate queries and keys at positions offset, offset+1, … (Eq. 34)."""
+        return self(q, offset), self(k, offset)

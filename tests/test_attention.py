@@ -3,17 +3,11 @@
 import pytest
 import torch
 from fairseq.modules import MultiheadAttention
-from torch import nn
-
 from fairseq_rope.attention import PositionalMultiheadAttention
+from fairseq_rope.position_encoding import PositionEncoding as NoEncoding
 from fairseq_rope.rotary import RotaryEmbedding
 
 EMBED, HEADS = 32, 4
-
-
-class NoEncoding(nn.Module):
-    def forward(self, x, offset=0):
-        return x
 
 
 def rope_attention(layout="interleaved", rope_dim=None) -> PositionalMultiheadAttention:
