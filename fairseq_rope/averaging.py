@@ -11,6 +11,10 @@ fairseq's script it
 * averages floating-point tensors in float64 and casts back to each tensor's
   dtype (fp16 weights are not summed in fp16), and copies non-float tensors
   (e.g. ``version`` buffers) after checking they agree, instead of averaging them;
+* keeps tied parameters tied: entries that share one tensor in the newest
+  checkpoint (``--share-all-embeddings`` stores the embedding three times, as
+  encoder/decoder ``embed_tokens`` and ``output_projection``) are averaged once
+  and saved as one tensor, so the file holds it once and parameter counts stay right;
 * keeps the newest checkpoint's other entries (args, cfg, extra_state, ...) but
   drops ``last_optimizer_state``, which is useless for decoding and is twice
   the size of the model with Adam;
@@ -119,8 +123,12 @@ def average_checkpoints(paths: Sequence[PathLike]) -> Dict[str, Any]:
     state = load_checkpoint(newest)
     reference = _model_state(state, newest)
     state = {k: v for k, v in state.items() if k not in DROPPED_ENTRIES}
+    aliases = tied_aliases(reference)
     # copy=True: .double() of a float64 tensor would alias (and then mutate) the reference.
-    sums = {k: v.to(torch.float64, copy=True) for k, v in reference.items() if _is_float_tensor(v)}
+    sums = {
+        k: v.to(torch.float64, copy=True)
+        for k, v in reference.items() if _is_float_tensor(v) and k not in aliases
+    }
     for path in map(Path, paths[:-1]):
         model = _model_state(load_checkpoint(path), path)
         _check_compatible(model, path, reference, newest)
@@ -131,7 +139,29 @@ def average_checkpoints(paths: Sequence[PathLike]) -> Dict[str, Any]:
         key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
         for key, value in reference.items()
     }
+    for alias, key in aliases.items():
+        averaged[alias] = averaged[key]
     return {**state, "model": averaged}
+
+
+def tied_aliases(model: Mapping[str, Any]) -> Dict[str, str]:
+    """``{alias: key}`` for state-dict entries that are the same tensor as an earlier ``key``.
+
+    Tied parameters are one tensor under several names; ``torch.save``/``load``
+    keep that sharing, so equal storage, offset, shape and strides identify them.
+    """
+    first: Dict[Tuple[Any, ...], str] = {}
+    aliases: Dict[str, str] = {}
+    for key, value in model.items():
+        if not isinstance(value, torch.Tensor) or value.numel() == 0:
+            continue
+        identity = (value.untyped_storage().data_ptr(), value.storage_offset(),
+                    tuple(value.shape), value.stride())
+        if identity in first:
+            aliases[key] = first[identity]
+        else:
+            first[identity] = key
+    return aliases
 
 
 def _model_state(state: Any, path: Path) -> Mapping[str, Any]:

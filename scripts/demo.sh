@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole pipeline on the embedded synthetic En→De corpus, on CPU, in minutes:
 # generate the corpus → prepare (Moses tokenization, joint BPE, cleaning,
-# fairseq-preprocess) → train configs/demo.yaml (transformer_rope_tiny with the
+# fairseq-preprocess) → train configs/rope_demo.yaml (transformer_rope_tiny with the
 # paper's optimizer and schedule) → average the last 5 checkpoints → decode with
 # beam 4 / lenpen 0.6 → tokenized and detokenized BLEU.
 #
@@ -25,8 +25,8 @@ step "2/4 prepare: tokenize, joint BPE, clean, binarize -> $work/data"
     --trainpref "$work/corpus/train" --validpref "$work/corpus/valid" \
     --testpref "$work/corpus/test" "$work/data"
 
-step "3/4 train configs/demo.yaml -> $work/checkpoints"
-"$here/train.sh" demo "$work/data/data-bin" "$work/checkpoints"
+step "3/4 train configs/rope_demo.yaml -> $work/checkpoints"
+"$here/train.sh" rope_demo "$work/data/data-bin" "$work/checkpoints"
 
 step "4/4 average the last 5 checkpoints, decode (beam 4, lenpen 0.6), score"
 "$here/evaluate.sh" "$work/checkpoints" "$work/data/data-bin"

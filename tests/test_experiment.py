@@ -111,7 +111,7 @@ def test_unknown_config_lists_available_configs(tmp_path):
 
 
 def test_cli_prints_nul_separated_full_command(capsys, tmp_path):
-    assert experiment.main(["-0", "--data", "DATA", "--save-dir", "SAVE", "demo",
+    assert experiment.main(["-0", "--data", "DATA", "--save-dir", "SAVE", "rope_demo",
                             "--", "--lr", "1e-3", "--fp16"]) == 0
     out = capsys.readouterr().out
     assert out.endswith("\0")
@@ -125,11 +125,11 @@ def test_cli_unknown_config_exits_with_the_list(capsys):
     assert experiment.main(["no_such_config"]) == 2
     err = capsys.readouterr().err
     assert "unknown config 'no_such_config'" in err
-    assert all(name in err for name in ("rope_base", "demo"))
+    assert all(name in err for name in ("rope_base", "rope_demo"))
 
 
 def test_shipped_configs_exist():
-    assert {"rope_base", "demo"} <= set(SHIPPED)
+    assert {"rope_base", "rope_demo", "sinusoidal_base"} <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -164,7 +164,7 @@ def test_rope_base_is_the_paper_recipe(tmp_path):
 
 
 def test_demo_is_cpu_tiny_with_the_paper_optimizer(tmp_path):
-    args = parse_fairseq(training_argv(load_experiment("demo"), tmp_path, tmp_path / "save"))
+    args = parse_fairseq(training_argv(load_experiment("rope_demo"), tmp_path, tmp_path / "save"))
     assert args.arch == "transformer_rope_tiny" and args.cpu
     assert eval(args.adam_betas) == (0.9, 0.98) and args.lr_scheduler == "inverse_sqrt"
     assert args.warmup_init_lr == 1e-7 and args.label_smoothing == 0.1
@@ -199,11 +199,11 @@ def test_train_sh_unknown_config_fails_before_creating_save_dir(tmp_path):
 
 
 def test_train_and_evaluate_scripts_end_to_end(toy_data_bin, tmp_path):
-    """train.sh (demo config, overridden to 10 updates) then evaluate.sh on the average of 5."""
+    """train.sh (rope_demo config, overridden to 10 updates) then evaluate.sh on the average of 5."""
     save = tmp_path / "run"
     # Small batches so the 10 updates stay inside epoch 1: fairseq writes no update
     # checkpoint for an update that ends an epoch.
-    train = run_train_sh("demo", toy_data_bin, save, "--max-update", "10", "--save-interval-updates", "2",
+    train = run_train_sh("rope_demo", toy_data_bin, save, "--max-update", "10", "--save-interval-updates", "2",
                          "--max-tokens", "256", "--log-interval", "5", cwd=tmp_path)
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert sorted(p.name for p in save.glob("checkpoint_*_*.pt")) == [
