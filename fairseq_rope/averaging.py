@@ -27,13 +27,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from fairseq_rope.atomic import atomic_path
 from fairseq_rope.checkpoints import load_checkpoint
 
 PathLike = Union[str, os.PathLike]
@@ -212,18 +212,8 @@ def _check_compatible(
 
 def save_atomically(state: Mapping[str, Any], output: PathLike) -> None:
     """``torch.save`` to a temporary file beside ``output``, then rename it over ``output``."""
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, output)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_path(output) as tmp:
+        torch.save(state, tmp)
 
 
 def average_last_checkpoints(

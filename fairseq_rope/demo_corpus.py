@@ -39,10 +39,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from fairseq_rope.atomic import write_lines
 
 Pair = Tuple[str, str]
 
@@ -497,18 +498,6 @@ def generate_pairs(n: int, seed: int = 0, max_depth: int = 2, min_len: int = 1,
     return pairs
 
 
-def _write_atomic(path: Path, lines: Sequence[str]) -> None:
-    # Temp file in the same directory + os.replace: readers never see a half file.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_corpus(out_dir: Union[str, "os.PathLike[str]"], train: int, valid: int, test: int,
                  seed: int = 0, max_depth: int = 2, min_len: int = 1,
                  max_len: Optional[int] = None, src: str = "en",
@@ -530,7 +519,7 @@ def write_corpus(out_dir: Union[str, "os.PathLike[str]"], train: int, valid: int
         info: Dict[str, Union[str, int]] = {"lines": len(splits[split])}
         for lang, side in ((src, 0), (tgt, 1)):
             path = out / f"{split}.{lang}"
-            _write_atomic(path, [pair[side] for pair in splits[split]])
+            write_lines(path, [pair[side] for pair in splits[split]])
             info[lang] = str(path)
         result[split] = info
     return result
