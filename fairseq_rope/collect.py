@@ -27,6 +27,7 @@ from fairseq_rope.experiment import ConfigError, load_experiment
 from fairseq_rope.table import (
     REPO,
     ROWS,
+    SCALES,
     Row,
     Scale,
     config_name,
@@ -235,6 +236,9 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
                 "only to name the row each one stands for.", ""]
     out += main_table(scale, runs) + ["", BLEU_NOTE, ""]
     out += [f"![validation loss]({plots['valid_loss'].name}) ![BLEU]({plots['bleu'].name})", ""]
+    for study in SCALES.values():  # the length study of the same models, if any
+        if study.size == scale.size and study.length_study is not None and study is not scale:
+            out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
     if scale.length_study is not None:
         out += ["## Length extrapolation", ""] + length_table(scale, runs)
         out += ["", f"![BLEU by length]({plots['bleu_by_length'].name})", ""]

@@ -298,6 +298,7 @@ def test_collect_on_fake_runs(tmp_path):
     assert "fairseq-train DATA --arch arch_learned --seed 1 --max-update 60" in md
     assert "scripts/reproduce_table.sh learned --scale demo --seed 1 -- --max-update 60" in md
     assert "![validation loss](demo_valid_loss.png)" in md
+    assert "[demo-length.md](demo-length.md)" in md  # the length study of the same models
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
 
 
