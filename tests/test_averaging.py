@@ -143,8 +143,8 @@ def test_output_loads_safely_and_is_written_atomically(tmp_path, monkeypatch):
     size = output.stat().st_size
 
     # A failing save leaves the previous output intact and no temporary file behind.
-    def failing_save(obj, f):
-        f.write(b"partial")
+    def failing_save(obj, path):
+        Path(path).write_bytes(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(averaging.torch, "save", failing_save)
