@@ -98,6 +98,10 @@ class PositionalTransformerModel(TransformerModel):
     position_encoding: str = ""
 
     @classmethod
+    def hub_models(cls):
+        return {}  # no pretrained downloads; fairseq's transformer list is not ours
+
+    @classmethod
     def build_model(cls, args, task):
         args.position_encoding = cls.position_encoding
         args.no_token_positional_embeddings = True

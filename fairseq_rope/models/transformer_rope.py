@@ -37,10 +37,6 @@ class TransformerRopeModel(PositionalTransformerModel):
     position_encoding = "rope"
 
     @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         group = parser.add_argument_group("rotary position embedding")

@@ -30,10 +30,6 @@ class TransformerRpeModel(PositionalTransformerModel):
     position_encoding = "rpe"
 
     @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         parser.add_argument_group("relative position representations").add_argument(

@@ -1,13 +1,11 @@
 """transformer_rpe models (the paper's RPE row) built through fairseq's parser."""
 
 import pytest
-import torch
 
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.models.transformer_rpe import TransformerRpeModel
 from fairseq_rope.relative import RelativePositionEncoding
 from tests.conftest import build_model
-from tests.models.test_transformer_rope import tokens
 
 
 @pytest.fixture(scope="module")
@@ -33,30 +31,6 @@ def test_every_self_attention_is_relative_with_the_given_k(tiny_rpe):
         assert isinstance(layer.self_attn.position_encoding, RelativePositionEncoding)
         assert layer.self_attn.position_encoding.max_distance == 4
     assert not any(isinstance(m, RelativePositionEncoding) for layer in model.decoder.layers for m in layer.encoder_attn.modules())
-
-
-def test_incremental_decoding_equals_teacher_forced_forward(tiny_rpe):
-    model, task = tiny_rpe
-    d = task.target_dictionary
-    src = tokens(d, 2, 9, seed=5, pad_left=3)
-    src_lengths = src.ne(d.pad()).sum(1)
-    prev = tokens(d, 2, 12, seed=6)
-    prev[:, 0] = d.eos()
-    full, _ = model(src, src_lengths, prev)
-    encoder_out = model.encoder(src, src_lengths)
-    state = {}
-    steps = [model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)[0] for t in range(12)]
-    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
-
-
-def test_left_padding_does_not_change_the_encoding(tiny_rpe):
-    model, task = tiny_rpe
-    d = task.source_dictionary
-    src = tokens(d, 1, 8, seed=7)
-    padded = torch.cat([torch.full((1, 3), d.pad()), src], dim=1)
-    out = model.encoder(src, torch.tensor([8]))["encoder_out"][0]
-    out_padded = model.encoder(padded, torch.tensor([8]))["encoder_out"][0][3:]
-    assert (out - out_padded).abs().max() < 1e-5
 
 
 def test_invalid_max_distance_fails_at_model_build(dict_dir):

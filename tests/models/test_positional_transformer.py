@@ -1,0 +1,95 @@
+"""Exactness shared by every position encoding inside self-attention (RoPE and RPE)."""
+
+import pytest
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_rope.position_encoding import PositionEncoding
+from tests.conftest import build_model
+
+
+def tokens(dictionary, batch, length, seed=0, pad_left=0):
+    """Random real tokens ending in EOS; the first row left-padded by ``pad_left``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(dictionary.nspecial, len(dictionary), (batch, length), generator=g)
+    x[:, -1] = dictionary.eos()
+    if pad_left:
+        x[0, :pad_left] = dictionary.pad()
+    return x
+
+
+@pytest.fixture(scope="module", params=[
+    ("transformer_rope_tiny",),
+    ("transformer_rpe_tiny", "--rpe-max-distance", "4"),  # short k: clipping happens
+], ids=["rope", "rpe"])
+def tiny_model(request, dict_dir):
+    model, task = build_model(dict_dir, *request.param, "--share-all-embeddings", "--dropout", "0")
+    return model.eval(), task
+
+
+def test_reversing_the_source_is_not_reversing_the_encoder_output(tiny_model):
+    """Without position information the encoder would be permutation-equivariant."""
+    model, task = tiny_model
+    src = tokens(task.source_dictionary, 2, 9)
+    lengths = torch.full((2,), 9)
+    out = model.encoder(src, lengths)["encoder_out"][0]
+    out_reversed = model.encoder(src.flip(1), lengths)["encoder_out"][0]
+    assert (out_reversed.flip(0) - out).abs().max() > 1e-2
+    # Control: the same check passes (equality) once positions are switched off.
+    encodings = [layer.self_attn.position_encoding for layer in model.encoder.layers]
+    for layer in model.encoder.layers:
+        layer.self_attn.position_encoding = PositionEncoding()
+    try:
+        out = model.encoder(src, lengths)["encoder_out"][0]
+        out_reversed = model.encoder(src.flip(1), lengths)["encoder_out"][0]
+        assert (out_reversed.flip(0) - out).abs().max() < 1e-5
+    finally:
+        for layer, encoding in zip(model.encoder.layers, encodings):
+            layer.self_attn.position_encoding = encoding
+
+def test_incremental_decoding_equals_teacher_forced_forward(tiny_model):
+    model, task = tiny_model
+    d = task.target_dictionary
+    src = tokens(d, 3, 11, seed=1, pad_left=4)
+    src_lengths = src.ne(d.pad()).sum(1)
+    prev = tokens(d, 3, 13, seed=2)
+    prev[:, 0] = d.eos()
+    full, _ = model(src, src_lengths, prev)
+    encoder_out = model.encoder(src, src_lengths)
+    state = {}
+    steps = [model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)[0] for t in range(prev.size(1))]
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
+
+def test_left_padding_does_not_change_the_encoding(tiny_model):
+    """Both encodings are relative: a left-padded source encodes like the unpadded one."""
+    model, task = tiny_model
+    d = task.source_dictionary
+    src = tokens(d, 1, 8, seed=3)
+    padded = torch.cat([torch.full((1, 3), d.pad()), src], dim=1)
+    out = model.encoder(src, torch.tensor([8]))["encoder_out"][0]
+    out_padded = model.encoder(padded, torch.tensor([8]))["encoder_out"][0][3:]
+    assert (out - out_padded).abs().max() < 1e-5
+
+def test_beam_search_scores_equal_teacher_forced_rescoring(tiny_model):
+    model, task = tiny_model
+    d = task.target_dictionary
+    src = tokens(d, 3, 10, seed=4, pad_left=3)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    generator = SequenceGenerator(
+        [model], d, beam_size=4, len_penalty=0.6, max_len_a=0, max_len_b=12,
+        search_strategy=search.BeamSearch(d),
+    )
+    hypotheses = generator.forward(sample)
+    checked = 0
+    for i, beam in enumerate(hypotheses):
+        assert len(beam) == 4
+        for hypo in beam:
+            target = hypo["tokens"]
+            prev = torch.cat([torch.tensor([d.eos()]), target[:-1]])[None]
+            logits, _ = model(src[i : i + 1], sample["net_input"]["src_lengths"][i : i + 1], prev)
+            lprobs = model.get_normalized_probs((logits, None), log_probs=True)[0]
+            rescored = lprobs.gather(-1, target[:, None]).squeeze(-1)
+            assert (rescored - hypo["positional_scores"]).abs().max() < 1e-4
+            checked += 1
+    assert checked == 12
