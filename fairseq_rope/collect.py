@@ -45,7 +45,7 @@ BLEU_NOTE = (
     "order in brackets (one value when there is one seed, or all seeds agree). Parameters: "
     "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
     "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second). Wall time: "
-    "fairseq's wall clock at the end of training."
+    "sum of fairseq-train's 'done training in' over the run's invocations."
 )
 
 
