@@ -88,24 +88,79 @@ def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
     """Rotate ``x`` by the angles whose cosines and sines are given (Eq. 34).
 
-    x:        (..., T, head_dim), any float dtype.
+    x:        (..., T, head_dim), any float dtype, any strides with a dense last dim.
     cos, sin: broadcastable to (..., T, rope_dim / 2); ``rope_dim = 2 * cos.size(-1)``
               leading dimensions of each head are rotated, the rest pass through.
+
+    The output has x's strides. cos and sin are constants (no gradient flows to
+    them); the gradient with respect to x is the inverse rotation of the
+    incoming gradient, since R^d_{Θ,m} is orthogonal (Eq. 13).
     """
-    rope_dim = 2 * cos.size(-1)
-    rotated, passthrough = x[..., :rope_dim], x[..., rope_dim:]
-    if layout == "interleaved":
-        pairs = rotated.unflatten(-1, (-1, 2))
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
-    elif layout == "half":
-        a, b = rotated.chunk(2, dim=-1)
-        out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-    else:
+    if layout not in LAYOUTS:
         raise ValueError(f"unknown RoPE layout {layout!r}; expected one of {LAYOUTS}")
-    if passthrough.size(-1):
-        out = torch.cat((out, passthrough), dim=-1)
+    return _Rotation.apply(x, cos, sin, layout, False)
+
+
+class _Rotation(torch.autograd.Function):
+    """Eq. 34 without temporaries; the backward is the inverse rotation (Rᵀ = R⁻¹)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, inverse: bool) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.layout, ctx.inverse = layout, inverse
+        return _rotate(x, cos, sin, layout, inverse)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        # Through apply() again, so that higher-order gradients work too.
+        return _Rotation.apply(grad, cos, sin, ctx.layout, not ctx.inverse), None, None, None, None
+
+
+# Dtypes whose pairs can be viewed as complex numbers: one complex multiply
+# then rotates every pair in a single pass (Eq. 16's form, e^{imθ} · (x1 + i x2)).
+_COMPLEX_DTYPES = (torch.float32, torch.float64)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, inverse: bool) -> Tensor:
+    """R x (or Rᵀ x when ``inverse``) into a fresh tensor, with x's strides if its last dim is dense."""
+    use_complex = layout == "interleaved" and x.dtype in _COMPLEX_DTYPES
+    if x.stride(-1) != 1 or (use_complex and not _complex_viewable(x)):
+        # One copy is cheaper than element-wise kernels on a strided last dim
+        # (SDPA's key gradient arrives transposed).
+        x = x.clone(memory_format=torch.contiguous_format)
+    rope_dim = 2 * cos.size(-1)
+    out = torch.empty_like(x)
+    if rope_dim < x.size(-1):
+        out[..., rope_dim:].copy_(x[..., rope_dim:])
+    src, dst = x[..., :rope_dim], out[..., :rope_dim]
+    if use_complex:
+        cis = torch.complex(cos, -sin if inverse else sin)
+        torch.mul(_as_complex(src), cis, out=_as_complex(dst))
+        return out
+    if layout == "interleaved":
+        (a, b), (out_a, out_b) = src.unflatten(-1, (-1, 2)).unbind(-1), dst.unflatten(-1, (-1, 2)).unbind(-1)
+    else:
+        (a, b), (out_a, out_b) = src.chunk(2, dim=-1), dst.chunk(2, dim=-1)
+    # out_a = a cos − b sin, out_b = b cos + a sin (sin negated for the inverse).
+    torch.mul(a, cos, out=out_a)
+    out_a.addcmul_(b, sin, value=1 if inverse else -1)
+    torch.mul(b, cos, out=out_b)
+    out_b.addcmul_(a, sin, value=-1 if inverse else 1)
     return out
+
+
+def _complex_viewable(t: Tensor) -> bool:
+    """Whether adjacent pairs of ``t``'s last dim can be viewed as complex numbers."""
+    return (
+        t.stride(-1) == 1
+        and t.storage_offset() % 2 == 0
+        and all(stride % 2 == 0 for stride in t.stride()[:-1])
+    )
+
+
+def _as_complex(pairs: Tensor) -> Tensor:
+    return torch.view_as_complex(pairs.unflatten(-1, (-1, 2)))
 
 
 def layout_permutation(rope_dim: int, head_dim: Optional[int] = None) -> Tensor:

@@ -161,3 +161,72 @@ def test_invalid_options_are_clear_errors(args, message):
         validate_rope_options(*args)
     bad_value = {"odd": "7", "--rope-dim": str(args[1]), "--rope-theta": str(args[2]), "--rope-layout": args[3]}[message]
     assert bad_value in str(error.value)
+
+
+# --- The fast path (no temporaries, complex multiply, custom backward) against
+# Eq. 34 written out with temporaries and differentiated by autograd.
+
+
+def reference_rotary(x, cos, sin, layout):
+    """x ⊙ cos + rotate(x) ⊙ sin (Eq. 34) with explicit rotate(); partial rotary passes through."""
+    rope_dim = 2 * cos.size(-1)
+    rotated, rest = x[..., :rope_dim], x[..., rope_dim:]
+    if layout == "interleaved":
+        pairs = rotated.unflatten(-1, (-1, 2))
+        turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    else:
+        a, b = rotated.chunk(2, dim=-1)
+        turned = torch.cat((-b, a), dim=-1)
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    return torch.cat((rotated * cos + turned * sin, rest), dim=-1)
+
+
+TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCES), ids=str)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("rope_dim", [16, 8])
+@pytest.mark.parametrize("offset", [0, 1000])
+def test_fast_path_equals_reference_forward_and_backward(dtype, layout, rope_dim, offset):
+    torch.manual_seed(0)
+    # (B, H, T, D) as the attention makes it: a permuted view of a (T, B, H·D) projection.
+    x64 = torch.randn(7, 3, 2, 16, dtype=torch.float64).permute(1, 2, 0, 3)
+    upstream = torch.randn(x64.shape, dtype=torch.float64)
+    x = x64.to(dtype).requires_grad_()
+    cos, sin = cos_sin(7, rope_dim, 10000.0, x.device, dtype, offset)
+    # The same (rounded) angles for both: only the rotation's arithmetic is compared.
+    cos64, sin64 = cos.double(), sin.double()
+    out = apply_rotary(x, cos, sin, layout)
+    out.backward(upstream.to(dtype))
+    assert out.dtype == dtype and out.stride() == x.stride()
+
+    ref_x = x.detach().double().requires_grad_()
+    ref = reference_rotary(ref_x, cos64, sin64, layout)
+    ref.backward(upstream)
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), ref.detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=tol, rtol=tol)
+    torch.testing.assert_close(out[..., rope_dim:], x[..., rope_dim:], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_fast_path_gradients_pass_gradcheck(layout):
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = cos_sin(5, 6, 10000.0, x.device, torch.float64, offset=3)
+    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin, layout), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: apply_rotary(t, cos, sin, layout), (x,))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("case", ["odd_storage_offset", "strided_last_dim"])
+def test_fast_path_handles_awkward_strides(layout, case):
+    # Neither can be viewed as complex pairs in place (SDPA's key gradient is the
+    # strided case); the result must not change.
+    if case == "odd_storage_offset":
+        x = torch.randn(1 + 4 * 6 * 8)[1:].view(4, 6, 8)
+    else:
+        x = torch.randn(4, 8, 6).transpose(-1, -2)
+    cos, sin = cos_sin(6, 8, 10000.0, x.device, x.dtype)
+    torch.testing.assert_close(apply_rotary(x, cos, sin, layout), reference_rotary(x, cos, sin, layout))

@@ -12,6 +12,7 @@ A model family picks its encoding by name (``position_encoding``) from
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Dict
 
 from fairseq.distributed import fsdp_wrap
@@ -29,6 +30,11 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
 from fairseq_rope.attention import PositionalMultiheadAttention
+
+# Positions enter only inside self-attention (rotations, clipped distances): no table
+# bounds the length, so encoder and decoder report no limit (fairseq's own "unbounded",
+# as in its EnsembleModel) and --max-source/target-positions only filter data.
+UNBOUNDED_POSITIONS = sys.maxsize
 
 # name → builder(cfg, head_dim) of the per-layer position encoding module.
 PositionEncodingBuilder = Callable[[Any, int], nn.Module]
@@ -85,11 +91,17 @@ class PositionalTransformerEncoder(TransformerEncoder):
         cfg = TransformerConfig.from_namespace(args)
         return wrap_layer(PositionalEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
+    def max_positions(self) -> int:
+        return UNBOUNDED_POSITIONS
+
 
 class PositionalTransformerDecoder(TransformerDecoder):
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)
         return wrap_layer(PositionalDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def max_positions(self) -> int:
+        return UNBOUNDED_POSITIONS
 
 
 class PositionalTransformerModel(TransformerModel):

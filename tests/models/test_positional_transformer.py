@@ -1,12 +1,15 @@
 """Exactness shared by every position encoding inside self-attention (RoPE and RPE)."""
 
+import os
+import subprocess
+
 import pytest
 import torch
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_rope.position_encoding import PositionEncoding
-from tests.conftest import build_model
+from tests.conftest import BIN_DIR, PLUGIN_DIR, build_model
 
 
 def tokens(dictionary, batch, length, seed=0, pad_left=0):
@@ -93,3 +96,21 @@ def test_beam_search_scores_equal_teacher_forced_rescoring(tiny_model):
             assert (rescored - hypo["positional_scores"]).abs().max() < 1e-4
             checked += 1
     assert checked == 12
+
+
+@pytest.mark.parametrize("arch, option, value", [
+    ("transformer_rope_tiny", "--rope-dim", "7"),
+    ("transformer_rpe_tiny", "--rpe-max-distance", "0"),
+], ids=["rope", "rpe"])
+def test_invalid_option_through_fairseq_train_exits_non_zero_naming_it(dict_dir, tmp_path, arch, option, value):
+    """The build of tests/models/test_transformer_{rope,rpe}.py (exact messages), through the real command line."""
+    save = tmp_path / "save"
+    result = subprocess.run(
+        [str(BIN_DIR / "fairseq-train"), str(dict_dir), "--user-dir", str(PLUGIN_DIR), "--arch", arch,
+         option, value, "--cpu", "--source-lang", "en", "--target-lang", "de", "--max-tokens", "100",
+         "--save-dir", str(save)],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode != 0
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"ValueError: {option} must be") and error.endswith(f"got {value}")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # fairseq made --save-dir, nothing in it

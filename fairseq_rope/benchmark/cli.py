@@ -1,0 +1,222 @@
+"""Command line of the benchmark suite (``scripts/benchmark.py``, ``python -m fairseq_rope.benchmark``)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shlex
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fairseq_rope.benchmark import machine, models, ops, report
+from fairseq_rope.benchmark.report import ROPE, STOCK, fmt_rate, fmt_time
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEFAULT_OUT_DIR = machine.REPO / "docs" / "benchmarks"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of one run. ``heads``/``head_dim`` of the op level are the arch's own."""
+
+    size: str
+    vocab: int
+    heads: int
+    head_dim: int
+    op_tokens: int
+    train_tokens: int
+    decode_sentences: int
+    op_lengths: Tuple[int, ...]
+    train_lengths: Tuple[int, ...]
+    decode_lengths: Tuple[int, ...]
+    reps: int
+    warmup: int
+    min_sample_ms: float
+
+
+OP_LENGTHS = (32, 64, 128, 256, 512, 1024)
+PRESETS: Dict[str, Preset] = {
+    # Transformer-base (512 / 8 heads), the WMT14 recipe's 4096 tokens per batch and 37k vocabulary.
+    "base": Preset("base", 37000, 8, 64, 4096, 4096, 32, OP_LENGTHS, (32, 64, 128, 256),
+                   (32, 64), reps=10, warmup=2, min_sample_ms=20.0),
+    # transformer_tiny: 64 dims / 2 heads.
+    "tiny": Preset("tiny", 1000, 2, 32, 2048, 2048, 16, OP_LENGTHS, (32, 64, 128, 256),
+                   (16, 32, 64), reps=10, warmup=2, min_sample_ms=20.0),
+    # Structure only: every code path once or twice, in seconds; the numbers mean nothing.
+    "smoke": Preset("tiny", 64, 2, 32, 256, 128, 2, (32, 64), (8, 16), (8,),
+                    reps=2, warmup=1, min_sample_ms=0.0),
+}
+
+
+def _lengths(text: str) -> Tuple[int, ...]:
+    values = tuple(int(x) for x in text.split(",") if x.strip())
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"expected comma-separated lengths >= 2, got {text!r}")
+    return values
+
+
+def _dtypes(text: str) -> Tuple[str, ...]:
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [v for v in values if v not in DTYPES]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"dtypes must be among {', '.join(DTYPES)}, got {text!r}")
+    return values
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=(
+        "Side-by-side speed and memory of RoPE vs fairseq's stock Transformer (and the "
+        "learned and RPE rows), op level and model level; writes OUT_DIR/NAME.json, .md and plots."))
+    p.add_argument("--size", choices=("base", "tiny"), default="base",
+                   help="Transformer-base archs (default) or the *_tiny archs for quick runs")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, 2 reps, a few lengths: checks the script, not the speed "
+                   "(requires --out-dir)")
+    p.add_argument("--out-dir", type=Path, help=f"default {DEFAULT_OUT_DIR}")
+    p.add_argument("--name", help="output file stem (default: device, e.g. cpu, cpu-tiny, "
+                   "nvidia-h100-80gb-hbm3)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present, else cpu)")
+    p.add_argument("--dtypes", type=_dtypes,
+                   help="comma-separated among fp32,fp16,bf16 (default: fp32 on CPU, all three on CUDA)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's default)")
+    p.add_argument("--reps", type=int, help="timed repetitions per candidate")
+    p.add_argument("--warmup", type=int, help="untimed calls per candidate before timing")
+    p.add_argument("--op-lengths", type=_lengths, help="comma-separated, op level")
+    p.add_argument("--train-lengths", type=_lengths, help="comma-separated, training")
+    p.add_argument("--decode-lengths", type=_lengths, help="comma-separated, decoding")
+    p.add_argument("--op-tokens", type=int, help="batch × T at the op level")
+    p.add_argument("--train-tokens", type=int, help="target tokens per training batch")
+    p.add_argument("--decode-sentences", type=int, help="sentences per decoding batch")
+    p.add_argument("--vocab", type=int, help="symbols of the synthetic joined dictionary")
+    p.add_argument("--dropout", type=float, default=0.1, help="all rows (the archs' default 0.1)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--skip-ops", action="store_true")
+    p.add_argument("--skip-models", action="store_true")
+    p.add_argument("--skip-decode", action="store_true")
+    return p
+
+
+def resolve(args: argparse.Namespace) -> Preset:
+    """The preset of --size/--smoke with the explicit options applied."""
+    preset = PRESETS["smoke" if args.smoke else args.size]
+    overrides = {field: getattr(args, field) for field in (
+        "reps", "warmup", "op_lengths", "train_lengths", "decode_lengths", "op_tokens",
+        "train_tokens", "decode_sentences", "vocab") if getattr(args, field) is not None}
+    return replace(preset, **overrides)
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/benchmark.py") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.smoke and args.out_dir is None:
+        parser.error("--smoke needs --out-dir (smoke numbers do not belong in docs/benchmarks)")
+    preset = resolve(args)
+    if preset.reps < 1 or preset.warmup < 0:
+        parser.error("--reps must be >= 1 and --warmup >= 0")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    dtypes = args.dtypes or (("fp32", "fp16", "bf16") if device.type == "cuda" else ("fp32",))
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    suffix = "-smoke" if args.smoke else ("-tiny" if args.size == "tiny" else "")
+    name = args.name or machine.device_slug(device) + suffix
+    out_dir = args.out_dir or DEFAULT_OUT_DIR
+
+    results: Dict[str, Any] = {
+        "schema": 1, "name": name, "command": shlex.join([prog, *argv]),
+        "machine": machine.describe(device),
+        "settings": {**asdict(preset), "smoke": args.smoke, "dtypes": list(dtypes),
+                     "dropout": args.dropout, "seed": args.seed, "stock_row": STOCK},
+        "ops": {}, "models": {},
+    }
+    print(f"# {name}: {results['machine']['cpu']}, {torch.get_num_threads()} threads, "
+          f"device {device}, dtypes {', '.join(dtypes)}", flush=True)
+    if not args.skip_ops:
+        for dtype in dtypes:
+            results["ops"][dtype] = run_ops(preset, device, dtype, args.seed)
+    if not args.skip_models:
+        with tempfile.TemporaryDirectory(prefix="fairseq-rope-bench-") as tmp:
+            data_dir = models.write_dictionary(Path(tmp), preset.vocab)
+            for dtype in dtypes:
+                results["models"][dtype] = run_models(
+                    preset, data_dir, device, dtype, args.dropout, args.seed, not args.skip_decode)
+    paths = report.write_outputs(results, out_dir)
+    print("\n# targets")
+    for t in results["targets"]:
+        worst = "—" if t["worst"] is None else f"{t['worst']:.3f}"
+        print(f"{t['dtype']:>5}  {t['target']:<45} {t['goal']:<24} worst {worst:>7}  {t['status']}")
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def run_ops(preset: Preset, device: torch.device, dtype: str, seed: int) -> List[Dict[str, Any]]:
+    entries = []
+    print(f"\n## op level, {dtype}: time per call (positions/s); ratios", flush=True)
+    for length in preset.op_lengths:
+        shape = ops.OpShape(max(1, preset.op_tokens // length), preset.heads, length, preset.head_dim)
+        e = ops.bench_ops(shape, DTYPES[dtype], device, preset.reps,
+                          preset.min_sample_ms / 1e3, seed + length)
+        entries.append(e)
+        cells = "  ".join(f"{n} {fmt_time(c['median'])}" for n, c in e["candidates"].items())
+        r = e["ratios"]
+        print(f"T={length:<5} B={shape.batch:<4} {cells}  | rope÷naive {r['rope_over_naive']:.2f}"
+              f"  rope÷copy bandwidth {r['rope_bytes_per_s_over_copy']:.2f}", flush=True)
+    return entries
+
+
+def _ratios(rows: Dict[str, Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    return {f"{n}_over_stock": {k: rows[n][k] / rows[STOCK][k] for k in keys}
+            for n in rows if n != STOCK}
+
+
+def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
+               dropout: float, seed: int, decode: bool) -> Dict[str, Any]:
+    rows = models.rows_for(preset.size)
+    trainers, tasks, info = {}, {}, {}
+    for row in rows:
+        argv = models.train_argv(data_dir, row, device, dtype, dropout, preset.train_tokens, seed)
+        trainers[row.name], tasks[row.name] = models.build_trainer(argv, seed)
+        info[row.name] = {"arch": row.arch, "flags": list(row.flags),
+                          "params": models.parameter_count(trainers[row.name]),
+                          "fairseq_train_args": argv[1:]}  # without the temporary data dir
+    out: Dict[str, Any] = {"rows": info, "train": [], "decode": []}
+    print(f"\n## training, {dtype}: target tokens/s; peak MiB; ratios ÷ {STOCK}", flush=True)
+    for length in preset.train_lengths:
+        sentences = max(1, preset.train_tokens // length)
+        batch = models.synthetic_batch(tasks[ROPE], length, sentences, seed + length)
+        measured = models.bench_training(trainers, batch, device, preset.reps, preset.warmup)
+        entry = {"length": length, "sentences": sentences, "target_tokens": int(batch["ntokens"]),
+                 "rows": measured, "ratios": _ratios(measured, ("tokens_per_s", "peak_bytes"))}
+        out["train"].append(entry)
+        _print_models(entry, "tokens_per_s")
+    if decode:
+        print(f"\n## beam-4 decoding, {dtype}: sentences/s; peak MiB; ratios ÷ {STOCK}", flush=True)
+        for length in preset.decode_lengths:
+            batch = models.synthetic_batch(tasks[ROPE], length, preset.decode_sentences,
+                                           seed + 7 * length)
+            measured = models.bench_decoding(trainers, tasks, batch, length, device,
+                                             preset.reps, preset.warmup)
+            entry = {"length": length, "sentences": preset.decode_sentences, "rows": measured,
+                     "ratios": _ratios(measured, ("sentences_per_s", "peak_bytes"))}
+            out["decode"].append(entry)
+            _print_models(entry, "sentences_per_s")
+    del trainers, tasks
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _print_models(entry: Dict[str, Any], key: str) -> None:
+    cells = "  ".join(f"{n} {fmt_rate(r[key])}/s {r['peak_bytes'] / 2**20:.0f}MiB"
+                      for n, r in entry["rows"].items())
+    ratios = "  ".join(f"{n.replace('_over_stock', '')} {r[key]:.3f}/{r['peak_bytes']:.3f}"
+                       for n, r in entry["ratios"].items())
+    print(f"T={entry['length']:<5} {entry['sentences']:>4} sent.  {cells}  | {ratios}", flush=True)

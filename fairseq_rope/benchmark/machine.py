@@ -1,0 +1,72 @@
+"""What the numbers were measured on: machine, threads, versions, date, commit."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def device_slug(device: torch.device) -> str:
+    """File-name form of the device: ``cpu``, or the GPU's name (``nvidia-h100-80gb-hbm3``)."""
+    if device.type == "cuda":
+        return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+    return device.type
+
+
+def git_commit() -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def describe(device: torch.device) -> Dict[str, Any]:
+    import fairseq
+
+    info: Dict[str, Any] = {
+        "device": str(device),
+        "cpu": cpu_model(),
+        "cpu_cores_usable": usable_cores(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fairseq": getattr(fairseq, "__version__", "unknown"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory_bytes=props.total_memory,
+                    gpu_capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+    return info

@@ -1,0 +1,275 @@
+"""Targets, the markdown report, plots and the files of one benchmark run."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from fairseq_rope import atomic
+from fairseq_rope.benchmark.ops import OP_CANDIDATES
+
+STOCK = "sinusoidal"  # fairseq's stock Transformer: the row every ratio divides by
+ROPE = "rope"
+
+
+# --- Targets of issue 5
+
+
+def _target(dtype: str, what: str, goal: str, values: Dict[int, float],
+            ok: Callable[[float], bool], tolerated: Optional[Callable[[float], bool]] = None,
+            higher_is_better: bool = True) -> Dict[str, Any]:
+    if not values:
+        status, worst = "not measured", None
+    else:
+        worst = min(values.values()) if higher_is_better else max(values.values())
+        if ok(worst):
+            status = "met"
+        elif tolerated is not None and tolerated(worst):
+            status = "within tolerance"
+        else:
+            status = "not met"
+    return {"dtype": dtype, "target": what, "goal": goal, "worst": worst,
+            "by_length": {str(k): v for k, v in values.items()}, "status": status}
+
+
+def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each target per dtype, judged on its worst length (every length must meet it)."""
+    dtypes = list(dict.fromkeys([*results.get("ops", {}), *results.get("models", {})]))
+    targets = []
+    for dtype in dtypes:
+        models = results.get("models", {}).get(dtype, {})
+        train = {e["length"]: e["ratios"][f"{ROPE}_over_stock"] for e in models.get("train", [])}
+        decode = {e["length"]: e["ratios"][f"{ROPE}_over_stock"] for e in models.get("decode", [])}
+        ops = {e["length"]: e["ratios"] for e in results.get("ops", {}).get(dtype, [])}
+        targets += [
+            _target(dtype, "training tokens/s, RoPE ÷ stock", "≥ 1.00 (never < 0.97)",
+                    {k: v["tokens_per_s"] for k, v in train.items()},
+                    lambda x: x >= 1.0, lambda x: x >= 0.97),
+            _target(dtype, "beam-4 decoding sentences/s, RoPE ÷ stock", "≥ 1.00",
+                    {k: v["sentences_per_s"] for k, v in decode.items()}, lambda x: x >= 1.0),
+            _target(dtype, "peak training memory, RoPE ÷ stock", "≤ 1.05",
+                    {k: v["peak_bytes"] for k, v in train.items()}, lambda x: x <= 1.05,
+                    higher_is_better=False),
+            _target(dtype, "RoPE apply time ÷ naive rotate-half", "≤ 0.50 at every length",
+                    {k: v["rope_over_naive"] for k, v in ops.items()}, lambda x: x <= 0.5,
+                    higher_is_better=False),
+            _target(dtype, "RoPE apply bytes/s ÷ copy bytes/s", "≥ 0.50 at every length",
+                    {k: v["rope_bytes_per_s_over_copy"] for k, v in ops.items()},
+                    lambda x: x >= 0.5),
+        ]
+    return targets
+
+
+# --- Formatting
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_rate(x: float) -> str:
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def fmt_mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f}"
+
+
+def fmt_spread(stats: Dict[str, Any], value: Callable[[float], float], fmt: Callable[[float], str]) -> str:
+    """The median's value, with the interquartile range in brackets (value of q3 … q1 time)."""
+    lo, hi = sorted((value(stats["q3"]), value(stats["q1"])))
+    return f"{fmt(value(stats['median']))} [{fmt(lo)}–{fmt(hi)}]"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+# --- Markdown
+
+
+def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
+    m, s = results["machine"], results["settings"]
+    out = [f"# Benchmark: {results['name']}", "",
+           "Written by `scripts/benchmark.py`; regenerate it rather than editing it. "
+           "Medians over interleaved repetitions, interquartile range in brackets.", "",
+           "```", results["command"], "```", "", "## Machine", ""]
+    machine_rows = [("device", m["device"] + (f" ({m['gpu']}, CUDA {m['cuda']})" if "gpu" in m else "")),
+                    ("CPU", f"{m['cpu']}, {m['cpu_cores_usable']} usable cores"),
+                    ("torch threads", f"{m['torch_threads']} (interop {m['torch_interop_threads']})"),
+                    ("torch / fairseq / Python", f"{m['torch']} / {m['fairseq']} / {m['python']}"),
+                    ("platform", m["platform"]), ("date", m["date"]),
+                    ("commit", str(m["git_commit"]))]
+    out += _table(("", ""), machine_rows)
+    out += ["", "## Settings", ""]
+    out += _table(("setting", "value"), [
+        (k, ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)) for k, v in s.items()])
+    out += ["", "## Targets", ""]
+    target_rows = [(t["dtype"], t["target"], t["goal"],
+                    "—" if t["worst"] is None else f"{t['worst']:.3f}",
+                    ", ".join(f"{k}: {v:.2f}" for k, v in t["by_length"].items()) or "—",
+                    t["status"]) for t in results["targets"]]
+    out += _table(("dtype", "target", "goal", "worst length", "by length", "status"), target_rows)
+    out += _ops_section(results, plots) + _models_section(results, plots)
+    return "\n".join(out) + "\n"
+
+
+OPS_TEXT = (
+    "Forward only, no autograd, on q and k of shape (batch, heads, T, head_dim) with "
+    "batch × T fixed (`op_tokens`). `rope`: the plugin's `RotaryEmbedding(head_dim)."
+    "encode_qk(q, k, 0)` (interleaved pairs, what the attention calls); `rope_half`: the "
+    "same with `layout=\"half\"`; `naive`: `x*cos + rotate_half(x)*sin` for q and k with "
+    "`torch.cat` and cos/sin precomputed at full head_dim; `fairseq`: fairseq's "
+    "`RotaryPositionalEmbedding` cache lookup + `apply_rotary_pos_emb` in its own (T, B, H, D) "
+    "layout; `sinusoidal`: adding a precomputed (T, head_dim) sinusoidal table to q and k; "
+    "`copy`: `copy_` of q and k. Bytes moved per call = 4 × numel(q) × element size (read q "
+    "and k, write two outputs; cos/sin tables not counted); bandwidth fraction = copy time ÷ "
+    "RoPE time."
+)
+
+
+def _ops_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]:
+    ops = results.get("ops", {})
+    if not ops:
+        return ["", "## Op level", "", "Not run (`--skip-ops`)."]
+    out = ["", "## Op level: applying the position encoding to q and k", "", OPS_TEXT]
+    for dtype, entries in ops.items():
+        header = ["T", "shape", *OP_CANDIDATES, "rope ÷ naive", "rope GB/s", "copy GB/s",
+                  "rope ÷ copy bandwidth"]
+        rows = []
+        for e in entries:
+            c, r = e["candidates"], e["ratios"]
+            rows.append([
+                str(e["length"]), f"{e['batch']}×{e['heads']}×{e['length']}×{e['head_dim']}",
+                *(fmt_spread(c[name], lambda t: t, fmt_time) for name in OP_CANDIDATES),
+                f"{r['rope_over_naive']:.2f}", f"{c['rope']['bytes_per_s'] / 1e9:.2f}",
+                f"{c['copy']['bytes_per_s'] / 1e9:.2f}", f"{r['rope_bytes_per_s_over_copy']:.2f}",
+            ])
+        out += ["", f"### {dtype}: time per call", ""] + _table(header, rows)
+    if "ops" in plots:
+        out += ["", f"![tokens/s vs length, op level]({plots['ops']})"]
+    return out
+
+
+def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]:
+    models = results.get("models", {})
+    if not models:
+        return ["", "## Model level", "", "Not run (`--skip-models`)."]
+    out = ["", "## Model level", "",
+           "Every row built as `fairseq-train` builds it (fairseq's parser, task, criterion and "
+           "`Trainer`), identical dims, batches, seeds and threads; `sinusoidal` is fairseq's stock "
+           "Transformer. Training: `Trainer.train_step` (forward, backward, Adam step); tokens/s "
+           "counts target tokens. Decoding: `SequenceGenerator`, beam 4, lenpen 0.6, output length "
+           "forced to T (min_len = max_len_b = T; random weights) so every row does the same work. "
+           "Peak memory: persistent tensors (weights, buffers, optimizer state) + the most "
+           "allocated during one step above what was allocated before it (CUDA: "
+           "`max_memory_allocated`; CPU: `torch.profiler` allocation events summed in order)."]
+    for dtype, entry in models.items():
+        names = list(entry["rows"])
+        others = [n for n in names if n != STOCK]
+        out += ["", f"### {dtype}: parameters", ""]
+        out += _table(("row", "arch and flags", "parameters"),
+                      [(n, f"`{' '.join([r['arch'], *r['flags']])}`", f"{r['params']:,}")
+                       for n, r in entry["rows"].items()])
+        for kind, unit, key in (("train", "training tokens/s", "tokens_per_s"),
+                                ("decode", "beam-4 decoding sentences/s", "sentences_per_s")):
+            entries = entry.get(kind, [])
+            if not entries:
+                continue
+            rows = []
+            for e in entries:
+                work = e["target_tokens"] if kind == "train" else e["sentences"]
+                rows.append([str(e["length"]), f"{e['sentences']}×{e['length']}",
+                             *(fmt_spread(e["rows"][n], lambda t, w=work: w / t, fmt_rate)
+                               for n in names),
+                             *(f"{e['ratios'][f'{n}_over_stock'][key]:.3f}" for n in others)])
+            header = ["T", "sentences×T", *names, *(f"{n} ÷ {STOCK}" for n in others)]
+            out += ["", f"### {dtype}: {unit}", ""] + _table(header, rows)
+            mem_rows = [[str(e["length"]), *(fmt_mib(e["rows"][n]["peak_bytes"]) for n in names),
+                         *(f"{e['ratios'][f'{n}_over_stock']['peak_bytes']:.3f}" for n in others)]
+                        for e in entries]
+            out += ["", f"### {dtype}: peak memory (MiB), {kind}", ""]
+            out += _table(["T", *names, *(f"{n} ÷ {STOCK}" for n in others)], mem_rows)
+    for key, title in (("train", "training tokens/s vs length"), ("decode", "decoding sentences/s vs length")):
+        if key in plots:
+            out += ["", f"![{title}]({plots[key]})"]
+    return out
+
+
+# --- Plots
+
+
+def _pyplot():
+    # Importing fairseq sets the root logger to DEBUG; matplotlib's font search would flood it.
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot(path: Path, panels: Dict[str, Dict[str, Tuple[List[int], List[float]]]],
+          ylabel: str, title: str) -> None:
+    """One panel per dtype, one line per series: y against length, log-log."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    for ax, (dtype, series) in zip(axes[0], panels.items()):
+        for label, (xs, ys) in series.items():
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        lengths = sorted({x for xs, _ in series.values() for x in xs})
+        ax.set_xticks(lengths, [str(x) for x in lengths])
+        ax.minorticks_off()
+        ax.set(xlabel="length T (tokens)", ylabel=ylabel, title=f"{title}, {dtype}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize="small")
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_plots(results: Dict[str, Any], out_dir: Path, name: str) -> Dict[str, str]:
+    """``<name>_ops.png``, ``<name>_train.png``, ``<name>_decode.png`` for what was run."""
+    plots: Dict[str, str] = {}
+    ops = results.get("ops", {})
+    if ops:
+        panels = {dtype: {c: ([e["length"] for e in entries],
+                              [e["candidates"][c]["tokens_per_s"] for e in entries])
+                          for c in OP_CANDIDATES} for dtype, entries in ops.items()}
+        plots["ops"] = f"{name}_ops.png"
+        _plot(out_dir / plots["ops"], panels, "positions (tokens) per second",
+              "q,k position encoding")
+    models = results.get("models", {})
+    for kind, key, ylabel in (("train", "tokens_per_s", "target tokens per second"),
+                              ("decode", "sentences_per_s", "sentences per second")):
+        panels = {dtype: {n: ([e["length"] for e in entry[kind]],
+                              [e["rows"][n][key] for e in entry[kind]]) for n in entry["rows"]}
+                  for dtype, entry in models.items() if entry.get(kind)}
+        if panels:
+            plots[kind] = f"{name}_{kind}.png"
+            _plot(out_dir / plots[kind], panels, ylabel,
+                  "training" if kind == "train" else "beam-4 decoding")
+    return plots
+
+
+def write_outputs(results: Dict[str, Any], out_dir: Path) -> List[Path]:
+    """Targets into ``results``; then ``<name>.json``, the plots and ``<name>.md``."""
+    name = results["name"]
+    results["targets"] = evaluate_targets(results)
+    plots = write_plots(results, out_dir, name)
+    results["plots"] = plots
+    atomic.write_json(out_dir / f"{name}.json", results)
+    atomic.write_text(out_dir / f"{name}.md", markdown(results, plots))
+    return [out_dir / f"{name}.json", out_dir / f"{name}.md", *(out_dir / p for p in plots.values())]

@@ -1,0 +1,104 @@
+"""Interleaved repetitions and robust summaries.
+
+Every candidate of a comparison is timed once per repetition, in an order that
+rotates from one repetition to the next, so that a slow phase of a shared
+machine (another process, frequency scaling, a warm or cold cache) hits every
+candidate alike instead of one block of them. Summaries are the median and the
+spread (quartiles, min, max) of the per-call times.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Mapping
+
+import torch
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Seconds per call over the repetitions."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+    calls_per_sample: int = 1
+
+    def as_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+
+def summarize(samples: List[float], calls_per_sample: int = 1) -> Stats:
+    if not samples:
+        raise ValueError("no samples to summarize")
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return Stats(
+        median=statistics.median(ordered), q1=q1, q3=q3, min=ordered[0], max=ordered[-1],
+        n=len(ordered), calls_per_sample=calls_per_sample,
+    )
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels, so that wall time covers the work (CUDA is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Wall seconds per call of ``calls`` back-to-back calls of ``fn``."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+def calls_for(fn: Callable[[], object], min_sample_s: float, device: torch.device) -> int:
+    """How many calls make one sample last at least ``min_sample_s`` (timer resolution,
+    per-sample overhead); ``fn`` is called once more here, which also warms it up."""
+    once = time_calls(fn, 1, device)
+    return max(1, math.ceil(min_sample_s / max(once, 1e-9)))
+
+
+def interleaved(
+    candidates: Mapping[str, Callable[[], object]],
+    reps: int,
+    device: torch.device,
+    warmup: int = 1,
+    min_sample_s: float = 0.0,
+) -> Dict[str, Stats]:
+    """Time every candidate ``reps`` times, interleaved, after ``warmup`` untimed calls each.
+
+    One sample is ``calls_per_sample`` back-to-back calls (chosen per candidate
+    so that it lasts ``min_sample_s``); the order of the candidates rotates by
+    one every repetition.
+    """
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    names = list(candidates)
+    for name in names:
+        for _ in range(warmup):
+            candidates[name]()
+    calls = {name: calls_for(candidates[name], min_sample_s, device) if min_sample_s > 0 else 1
+             for name in names}
+    samples: Dict[str, List[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(time_calls(candidates[name], calls[name], device))
+    return {name: summarize(samples[name], calls[name]) for name in names}
