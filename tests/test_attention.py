@@ -57,12 +57,19 @@ def test_forward_matches_reference_with_padding_and_causal_masks(need_weights, l
         torch.testing.assert_close(weights.sum(-1), torch.ones(3, 7))
 
 
-def test_fused_and_explicit_paths_agree_in_training_mode_without_dropout():
-    attn = rope_attention().train()
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("masks", ["padding", "causal", "padding+causal"])
+def test_fused_and_explicit_paths_agree_in_training_mode_without_dropout(layout, masks):
+    # need_weights=True forces the explicit softmax; False takes SDPA.
+    attn = rope_attention(layout).train()
     x = torch.randn(9, 2, EMBED, requires_grad=True)
-    kpm = padding([9, 4], 9)
-    fused, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)
-    explicit, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=True)
+    kwargs = {}
+    if "padding" in masks:
+        kwargs["key_padding_mask"] = padding([9, 4], 9)
+    if "causal" in masks:
+        kwargs["attn_mask"] = causal_mask(9)
+    fused, _ = attn(x, x, x, need_weights=False, **kwargs)
+    explicit, _ = attn(x, x, x, need_weights=True, **kwargs)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     (g_fused,) = torch.autograd.grad(fused.sum(), x)
     (g_explicit,) = torch.autograd.grad(explicit.sum(), x)
