@@ -7,7 +7,9 @@ does not install fairseq's scripts): it picks checkpoints by fairseq's naming
 fairseq's script it
 
 * loads with the safe unpickler (:func:`fairseq_rope.checkpoints.load_checkpoint`);
-* checks that all checkpoints have the same parameter names and shapes;
+* checks that all checkpoints are of one architecture (name, dimensions and
+  position-encoding options), of one vocabulary and have the same parameter
+  names and shapes, and reports an unreadable or truncated file by name;
 * averages floating-point tensors in float64 and casts back to each tensor's
   dtype (fp16 weights are not summed in fp16), and copies non-float tensors
   (e.g. ``version`` buffers) after checking they agree, instead of averaging them;
@@ -19,12 +21,15 @@ fairseq's script it
   drops ``last_optimizer_state``, which is useless for decoding and is twice
   the size of the model with Adam;
 * writes the output atomically (a temporary file in the same directory, then
-  ``os.replace``), so a failure never leaves a partial or stale-looking file.
+  ``os.replace``), so a failure never leaves a partial or stale-looking file,
+  and refuses to replace an existing output unless asked to (``--force``).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import pickle
 import re
 import sys
 from dataclasses import dataclass
@@ -43,6 +48,16 @@ UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 # Entries not carried into the averaged checkpoint.
 DROPPED_ENTRIES = ("last_optimizer_state",)
+# Model options that define what the parameters mean (dimensions are also in
+# the shapes, but RoPE's theta or layout are not); regularization is left out.
+ARCHITECTURE_OPTIONS = ("arch", "activation_fn", "position_encoding", "no_scale_embedding",
+                        "layernorm_embedding", "cross_self_attention")
+ARCHITECTURE_PREFIXES = ("encoder_", "decoder_", "rope_", "rpe_", "share_")
+# One row per dictionary entry: a shape mismatch here is a different vocabulary.
+VOCABULARY_PARAMETERS = ("embed_tokens.weight", "output_projection.weight")
+NOT_ARCHITECTURE = re.compile(r"dropout|layerdrop|_path$")
+# What torch.load raises for a truncated, corrupt or unreadable file.
+UNREADABLE = (OSError, EOFError, RuntimeError, pickle.UnpicklingError)
 
 
 class AveragingError(ValueError):
@@ -120,8 +135,9 @@ def average_checkpoints(paths: Sequence[PathLike]) -> Dict[str, Any]:
     if not paths:
         raise AveragingError("no checkpoints to average")
     newest = Path(paths[-1])
-    state = load_checkpoint(newest)
+    state = _load(newest)
     reference = _model_state(state, newest)
+    reference_arch = architecture(state)
     state = {k: v for k, v in state.items() if k not in DROPPED_ENTRIES}
     aliases = tied_aliases(reference)
     # copy=True: .double() of a float64 tensor would alias (and then mutate) the reference.
@@ -130,7 +146,9 @@ def average_checkpoints(paths: Sequence[PathLike]) -> Dict[str, Any]:
         for k, v in reference.items() if _is_float_tensor(v) and k not in aliases
     }
     for path in map(Path, paths[:-1]):
-        model = _model_state(load_checkpoint(path), path)
+        other = _load(path)
+        _check_same_architecture(architecture(other), path, reference_arch, newest)
+        model = _model_state(other, path)
         _check_compatible(model, path, reference, newest)
         for key, total in sums.items():
             total += model[key].double()
@@ -164,6 +182,46 @@ def tied_aliases(model: Mapping[str, Any]) -> Dict[str, str]:
     return aliases
 
 
+def _load(path: Path) -> Dict[str, Any]:
+    try:
+        return load_checkpoint(path)
+    except UNREADABLE as e:
+        # A safe-loading refusal explains itself; the rest are damaged files.
+        hint = "" if isinstance(e, (OSError, pickle.UnpicklingError)) else (
+            "; the file is truncated or corrupt (e.g. a run killed while saving it): delete it, "
+            "or exclude it with --checkpoint-upper-bound")
+        raise AveragingError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}{hint}") from None
+
+
+def architecture(state: Mapping[str, Any]) -> Dict[str, Any]:
+    """The architecture-defining model options of a checkpoint (``cfg.model``, else ``args``)."""
+    cfg = state.get("cfg")
+    model = cfg.get("model") if isinstance(cfg, Mapping) else None
+    if model is None:
+        model = state.get("args")
+    if isinstance(model, argparse.Namespace):
+        model = vars(model)
+    if not isinstance(model, Mapping):
+        return {}
+    return {
+        key: value for key, value in model.items()
+        if isinstance(key, str) and not NOT_ARCHITECTURE.search(key)
+        and (key in ARCHITECTURE_OPTIONS or key.startswith(ARCHITECTURE_PREFIXES))
+    }
+
+
+def _check_same_architecture(
+    arch: Mapping[str, Any], path: Path, reference: Mapping[str, Any], reference_path: Path
+) -> None:
+    for key in sorted(set(arch) | set(reference)):
+        if arch.get(key) != reference.get(key):
+            raise AveragingError(
+                f"{path} and {reference_path} are of different architectures "
+                f"({key} = {arch.get(key)!r} vs {reference.get(key)!r}); average checkpoints "
+                "of one training run only"
+            )
+
+
 def _model_state(state: Any, path: Path) -> Mapping[str, Any]:
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise AveragingError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
@@ -194,6 +252,12 @@ def _check_compatible(
             if value != ref:
                 raise AveragingError(f"{path}: non-tensor entry {key!r} differs from {reference_path}")
             continue
+        if value.shape != ref.shape and key.endswith(VOCABULARY_PARAMETERS):
+            raise AveragingError(
+                f"{path} and {reference_path} have different vocabularies: {key!r} has "
+                f"{value.shape[0]} rows, but {ref.shape[0]} in {reference_path}; checkpoints "
+                "trained on different data-bin dictionaries cannot be averaged"
+            )
         if value.shape != ref.shape:
             raise AveragingError(
                 f"{path}: parameter {key!r} has shape {tuple(value.shape)}, "
@@ -222,17 +286,25 @@ def average_last_checkpoints(
     num: int,
     kind: Union[Kind, Literal["auto"]] = "update",
     upper_bound: Optional[int] = None,
+    force: bool = False,
 ) -> List[Path]:
-    """Average the last ``num`` checkpoints of ``directory`` into ``output``; returns the inputs."""
+    """Average the last ``num`` checkpoints of ``directory`` into ``output``; returns the inputs.
+
+    An existing ``output`` is replaced only with ``force``.
+    """
+    if Path(output).exists() and not force:
+        raise AveragingError(
+            f"output {output} already exists; pass --force to replace it, or choose another --output"
+        )
     paths = last_checkpoints(directory, num, kind, upper_bound)
+    if Path(output).resolve() in {p.resolve() for p in paths}:
+        raise AveragingError(f"--output {output} is one of the checkpoints to average")
     save_atomically(average_checkpoints(paths), output)
     return paths
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line of ``scripts/average_checkpoints.py``."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         description="Average the last N fairseq checkpoints of a directory into one file. "
         "Prints the averaged checkpoints, oldest first, one per line.",
@@ -248,6 +320,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        help="the last N update checkpoints if there are any, else epoch checkpoints")
     parser.add_argument("--checkpoint-upper-bound", type=int, metavar="N",
                         help="ignore checkpoints after update (epoch) N")
+    parser.add_argument("--force", action="store_true", help="replace --output if it exists")
     args = parser.parse_args(argv)
 
     if args.num_update_checkpoints is not None:
@@ -258,7 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         num, kind = args.num_checkpoints, "auto"
     try:
         paths = average_last_checkpoints(
-            args.inputs, args.output, num, kind, args.checkpoint_upper_bound
+            args.inputs, args.output, num, kind, args.checkpoint_upper_bound, args.force
         )
     except AveragingError as e:
         print(f"error: {e}", file=sys.stderr)

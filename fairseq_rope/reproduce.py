@@ -148,8 +148,12 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
 
 
 def evaluate(save_dir: Path, data_bin: Path) -> None:
-    """``scripts/evaluate.sh``: average the last 5 checkpoints, decode, score."""
-    _run([SCRIPTS / "evaluate.sh", save_dir, data_bin])
+    """``scripts/evaluate.sh``: average the last 5 checkpoints, decode, score.
+
+    ``--force``: called only when training just changed the checkpoints or no
+    evaluation finished, so existing results are stale by construction.
+    """
+    _run([SCRIPTS / "evaluate.sh", save_dir, data_bin, "--force"])
 
 
 def _run(command: Sequence[Any]) -> None:

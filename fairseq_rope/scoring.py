@@ -17,15 +17,16 @@
 
 ``python -m fairseq_rope.scoring GENERATE_OUTPUT --out-dir DIR ...`` writes
 ``hyps.tok.<tgt>`` (tokenized, BPE removed, no compound split),
-``refs.tok.<tgt>``, ``hyps.detok.<tgt>`` and ``results.json`` into DIR and
-prints a two-line summary. ``scripts/evaluate.sh`` drives it.
+``refs.tok.<tgt>``, ``hyps.detok.<tgt>`` and, last, ``results.json`` into DIR
+(each atomically) and prints a two-line summary. ``--check`` only checks the
+inputs (a subset with references, raw references that match it), so that
+``scripts/evaluate.sh``, which drives this module, fails before decoding.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import sys
@@ -37,7 +38,9 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesDetokenizer
 
+from fairseq_rope import atomic
 from fairseq_rope.cli import split_passthrough
+from fairseq_rope.prepare.files import PrepareError, decode_lines
 
 PathLike = Union[str, os.PathLike]
 
@@ -132,13 +135,9 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> Tup
 
 
 def read_lines(path: PathLike) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
-
-
-def write_lines(path: Path, lines: Iterable[str]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
+    """Lines split on "\\n" only; a non-UTF-8 line is a :class:`PrepareError` naming file and line."""
+    with open(path, "rb") as f:
+        return list(decode_lines(f, str(path)))
 
 
 def infer_language_pair(data_bin: PathLike, subset: str) -> Tuple[str, str]:
@@ -155,6 +154,40 @@ def infer_language_pair(data_bin: PathLike, subset: str) -> Tuple[str, str]:
             f"(pairs found: {found}); pass --target-lang"
         )
     return pairs.pop()
+
+
+def check_test_set(data_bin: PathLike, subset: str) -> Tuple[str, str]:
+    """(source, target) of ``subset``, after checking its dictionaries and both sides exist.
+
+    A subset binarized without its target side has no references to score against.
+    """
+    source_lang, target_lang = infer_language_pair(data_bin, subset)
+    data_bin = Path(data_bin)
+    for lang in (source_lang, target_lang):
+        if not (data_bin / f"dict.{lang}.txt").is_file():
+            raise ScoringError(f"{data_bin / f'dict.{lang}.txt'}: no such file; is {data_bin} "
+                               "a complete fairseq-preprocess output?")
+    for lang, side in ((source_lang, "source"), (target_lang, "reference")):
+        prefix = data_bin / f"{subset}.{source_lang}-{target_lang}.{lang}"
+        missing = [p.name for p in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")) if not p.is_file()]
+        if missing:
+            hint = (" (test set without references? binarize it with its target side, e.g. "
+                    f"fairseq-preprocess --testpref PREFIX with PREFIX.{target_lang})"
+                    if side == "reference" else "")
+            raise ScoringError(f"{subset} has no {side} side in {data_bin}: "
+                               f"{', '.join(missing)} missing{hint}")
+    return source_lang, target_lang
+
+
+def check_raw_reference(path: PathLike, expected: int) -> List[str]:
+    """The lines of a raw reference file, which must be UTF-8 with one line per test sentence."""
+    lines = read_lines(path)
+    if len(lines) != expected:
+        raise ScoringError(
+            f"raw reference file {path} has {len(lines)} lines but the test set has {expected} "
+            "sentences; pass the untokenized references of this test set with --raw-ref"
+        )
+    return lines
 
 
 def subset_size(data_bin: PathLike, subset: str, source_lang: str, target_lang: str) -> int:
@@ -223,9 +256,9 @@ def evaluate_translations(
     hyps = [t.hypothesis for t in translations]
     refs = [t.reference for t in translations]
     detok_hyps = detokenize(hyps, detok_lang)
-    write_lines(out / f"hyps.tok.{target_lang}", hyps)
-    write_lines(out / f"refs.tok.{target_lang}", refs)
-    write_lines(out / f"hyps.detok.{target_lang}", detok_hyps)
+    atomic.write_lines(out / f"hyps.tok.{target_lang}", hyps)
+    atomic.write_lines(out / f"refs.tok.{target_lang}", refs)
+    atomic.write_lines(out / f"hyps.detok.{target_lang}", detok_hyps)
 
     tok_score, tok_signature = tokenized_bleu(hyps, refs)
     results: Dict[str, Any] = {
@@ -252,9 +285,7 @@ def evaluate_translations(
         **(metadata or {}),
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     )
-    with open(out / "results.json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+    atomic.write_json(out / "results.json", results)  # last: its presence marks a finished evaluation
     return results
 
 
@@ -315,8 +346,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         epilog="Arguments after '--' are the fairseq-generate command that produced the "
         "output; its decoding settings are recorded in results.json.",
     )
-    parser.add_argument("generate_output", help="fairseq-generate output (generate-<subset>.txt)")
-    parser.add_argument("--out-dir", required=True, help="where hyps.*, refs.* and results.json go")
+    parser.add_argument("generate_output", nargs="?", help="fairseq-generate output (generate-<subset>.txt)")
+    parser.add_argument("--out-dir", help="where hyps.*, refs.* and results.json go")
+    parser.add_argument("--check", action="store_true",
+                        help="only check --data-bin's subset (references included) and --raw-ref, then exit")
     parser.add_argument("--data-bin", help="fairseq-preprocess directory (target language, raw refs)")
     parser.add_argument("--subset", default="test", help="generated subset (default: test)")
     parser.add_argument("--target-lang", help="default: inferred from --data-bin")
@@ -327,13 +360,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="checkpoints averaged into --checkpoint (recorded)")
     args = parser.parse_args(own)
 
+    if args.check and args.data_bin is None:
+        parser.error("--check needs --data-bin")
+    if not args.check and (args.generate_output is None or args.out_dir is None):
+        parser.error("GENERATE_OUTPUT and --out-dir are required")
     try:
         if args.target_lang is None and args.data_bin is None:
             parser.error("--target-lang or --data-bin is required")
         expected = None
         target_lang = args.target_lang
         if args.data_bin is not None:
-            source_lang, inferred = infer_language_pair(args.data_bin, args.subset)
+            source_lang, inferred = check_test_set(args.data_bin, args.subset)
             target_lang = target_lang or inferred
             expected = subset_size(args.data_bin, args.subset, source_lang, inferred)
         raw_ref = args.raw_ref
@@ -341,6 +378,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ScoringError(f"--raw-ref {raw_ref}: no such file")
         if raw_ref is None and args.data_bin is not None:
             raw_ref = default_raw_reference(args.data_bin, args.subset, target_lang)
+        if args.check:
+            if raw_ref is not None and Path(raw_ref).is_file() and expected is not None:
+                check_raw_reference(raw_ref, expected)
+            return 0
         metadata = {
             "subset": args.subset,
             "data": _absolute(args.data_bin),
@@ -358,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             metadata=metadata,
             expected_sentences=expected,
         )
-    except (ScoringError, OSError) as e:
+    except (ScoringError, PrepareError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(summary(results))

@@ -29,4 +29,10 @@ step "3/4 train configs/rope_demo.yaml -> $work/checkpoints"
 "$here/train.sh" rope_demo "$work/data/data-bin" "$work/checkpoints"
 
 step "4/4 average the last 5 checkpoints, decode (beam 4, lenpen 0.6), score"
-"$here/evaluate.sh" "$work/checkpoints" "$work/data/data-bin"
+# evaluate.sh refuses to overwrite results; redo them only if training wrote a newer checkpoint.
+results=$work/checkpoints/eval/results.json
+if [[ -f $results && ! $work/checkpoints/checkpoint_last.pt -nt $results ]]; then
+    echo "already evaluated: $results" >&2
+else
+    "$here/evaluate.sh" "$work/checkpoints" "$work/data/data-bin" --force
+fi

@@ -32,11 +32,11 @@ def model_state(value: float, dtype=torch.float32, **overrides):
     return state
 
 
-def save_checkpoint(path: Path, value: float, update: int = 0, **model_kwargs) -> Path:
+def save_checkpoint(path: Path, value: float, update: int = 0, model_cfg=None, **model_kwargs) -> Path:
     """A fairseq-like checkpoint whose float parameters all equal ``value``."""
     torch.save({
         "args": argparse.Namespace(arch="transformer_rope_tiny"),
-        "cfg": {"model": {"arch": "transformer_rope_tiny"}},
+        "cfg": {"model": model_cfg or {"arch": "transformer_rope_tiny"}},
         "model": model_state(value, **model_kwargs),
         "optimizer_history": [{"num_updates": update}],
         "extra_state": {"train_iterator": {"epoch": 1}, "update": update},
@@ -149,7 +149,7 @@ def test_output_loads_safely_and_is_written_atomically(tmp_path, monkeypatch):
 
     monkeypatch.setattr(averaging.torch, "save", failing_save)
     with pytest.raises(OSError, match="disk full"):
-        average_last_checkpoints(tmp_path, output, 2)
+        average_last_checkpoints(tmp_path, output, 2, force=True)
     assert output.stat().st_size == size
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
@@ -177,3 +177,68 @@ def test_cli_error_is_reported_without_output(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "last 1 epoch checkpoints" in err and "found 0" in err
     assert not output.exists()
+
+
+def snapshot(directory: Path):
+    """Every file under ``directory``: (mtime, contents), to show that nothing changed."""
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(directory.iterdir())}
+
+
+def run_main(*argv: object) -> int:
+    return averaging.main([str(a) for a in argv])
+
+
+def test_unreadable_checkpoint_is_named_and_nothing_is_written(tmp_path, capsys):
+    save_checkpoint(tmp_path / "checkpoint_1_100.pt", 1.0)
+    bad = save_checkpoint(tmp_path / "checkpoint_1_200.pt", 2.0)
+    bad.write_bytes(bad.read_bytes()[:1000])  # a run killed while saving
+    before = snapshot(tmp_path)
+    assert run_main("--inputs", tmp_path, "--output", tmp_path / "avg.pt", "--num-update-checkpoints", 2) == 1
+    err = capsys.readouterr().err
+    assert f"error: cannot read checkpoint {bad}: RuntimeError: " in err
+    assert "truncated or corrupt" in err and "--checkpoint-upper-bound" in err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("older, message", [
+    ({"model_cfg": argparse.Namespace(arch="transformer_rope_tiny", rope_layout="half", dropout=0.3)},
+     "are of different architectures (rope_layout = 'half' vs 'interleaved'); "
+     "average checkpoints of one training run only"),
+    ({"model_cfg": {"arch": "transformer_rpe_tiny"}},
+     "are of different architectures (arch = 'transformer_rpe_tiny' vs 'transformer_rope_tiny')"),
+    ({"encoder.embed_tokens.weight": torch.zeros(12, 3)},
+     "have different vocabularies: 'encoder.embed_tokens.weight' has 12 rows, but 10 in"),
+])
+def test_checkpoints_of_other_architectures_or_vocabularies_are_refused(tmp_path, capsys, older, message):
+    older_path = save_checkpoint(tmp_path / "checkpoint_1_100.pt", 1.0, **{
+        "encoder.embed_tokens.weight": torch.zeros(10, 3), **older})
+    newest = save_checkpoint(tmp_path / "checkpoint_1_200.pt", 2.0, model_cfg=argparse.Namespace(
+        arch="transformer_rope_tiny", rope_layout="interleaved", dropout=0.1),  # dropout: not architecture
+        **{"encoder.embed_tokens.weight": torch.zeros(10, 3)})
+    if "model_cfg" not in older:  # same architecture as the newest, other vocabulary
+        save_checkpoint(older_path, 1.0, model_cfg=argparse.Namespace(
+            arch="transformer_rope_tiny", rope_layout="interleaved", dropout=0.3), **older)
+    before = snapshot(tmp_path)
+    assert run_main("--inputs", tmp_path, "--output", tmp_path / "avg.pt", "--num-update-checkpoints", 2) == 1
+    err = capsys.readouterr().err
+    assert f"error: {older_path} and {newest} " in err and message in err
+    assert snapshot(tmp_path) == before
+
+
+def test_existing_output_is_refused_unless_forced(tmp_path, capsys):
+    for update, value in [(100, 1.0), (200, 3.0)]:
+        save_checkpoint(tmp_path / f"checkpoint_1_{update}.pt", value)
+    output = tmp_path / "avg.pt"
+    output.write_bytes(b"an earlier average")
+    before = snapshot(tmp_path)
+    args = ["--inputs", tmp_path, "--output", output, "--num-update-checkpoints", 2]
+    assert run_main(*args) == 1
+    assert f"error: output {output} already exists; pass --force to replace it" in capsys.readouterr().err
+    assert snapshot(tmp_path) == before
+
+    assert run_main(*args, "--force") == 0
+    assert torch.equal(torch.load(output, weights_only=True)["model"]["encoder.layers.0.weight"],
+                       torch.full((2, 3), 2.0))
+    # Never over one of its own inputs, even forced.
+    assert run_main(*args[:3], tmp_path / "checkpoint_1_200.pt", *args[4:], "--force") == 1
+    assert "is one of the checkpoints to average" in capsys.readouterr().err

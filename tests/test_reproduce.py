@@ -105,6 +105,23 @@ def test_unknown_row_or_scale_is_a_clear_error(capsys):
     assert "valid scales: wmt14, demo, demo-length" in capsys.readouterr().err
 
 
+def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
+    assert reproduce.main(["absolute", "--work-dir", str(tmp_path)]) == 2
+    assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope "
+            "(or `collect` to make the table)") in capsys.readouterr().err
+    assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
+    assert "error: unknown scale 'wmt16'; valid scales: wmt14, demo, demo-length" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_evaluation_is_forced_because_reproduce_decides_when_to_evaluate(tmp_path, monkeypatch):
+    """evaluate.sh refuses existing results; reproduce reruns evaluate only after training changed them."""
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    reproduce.evaluate(tmp_path / "run", tmp_path / "bin")
+    assert ran == [[reproduce.SCRIPTS / "evaluate.sh", tmp_path / "run", tmp_path / "bin", "--force"]]
+
+
 def test_extra_args_cannot_redirect_seed_or_save_dir(tmp_path):
     for extra in (["--seed", "3"], ["--save-dir=/tmp/x"]):
         with pytest.raises(TableError, match="cannot be an extra fairseq-train argument"):

@@ -173,6 +173,8 @@ def test_cli_infers_language_and_records_decoding(tmp_path, capsys):
     raw.mkdir()
     for name in ("test.en-de.en", "test.en-de.de", "valid.en-de.de"):
         write_binarized(data_bin / name, len(RAW_REFS))
+    for lang in ("en", "de"):
+        (data_bin / f"dict.{lang}.txt").write_text("haus 1\n")
     (raw / "test.de").write_text("".join(line + "\n" for line in RAW_REFS))
     generated = tmp_path / "generate-test.txt"
     generated.write_text(GENERATE_OUTPUT)
@@ -190,3 +192,20 @@ def test_cli_infers_language_and_records_decoding(tmp_path, capsys):
     assert results["decoding"]["beam"] == 4 and results["decoding"]["lenpen"] == 0.6
     assert results["decoding"]["remove_bpe"] == "@@ "
     assert (tmp_path / "eval" / "hyps.detok.de").exists()
+
+
+@pytest.mark.parametrize("lines, message", [
+    (None, "error: --raw-ref {ref}: no such file"),
+    (["nur eine Zeile"], "error: raw reference file {ref} has 1 lines but the test set has 40 sentences; "
+                         "pass the untokenized references of this test set with --raw-ref"),
+])
+def test_check_refuses_raw_references_that_do_not_fit(toy_data_bin, tmp_path, capsys, lines, message):
+    """What scripts/evaluate.sh runs before averaging and decoding."""
+    ref = tmp_path / "refs.de"
+    if lines is not None:
+        ref.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    before = sorted(tmp_path.iterdir())
+    assert scoring.main(["--check", "--data-bin", str(toy_data_bin), "--raw-ref", str(ref)]) == 1
+    assert message.format(ref=ref) in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == before
+    assert scoring.main(["--check", "--data-bin", str(toy_data_bin)]) == 0  # the default raw/test.de is optional

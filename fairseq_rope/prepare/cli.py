@@ -3,12 +3,18 @@
 The shell entry points ``scripts/prepare_wmt14_en_de.sh`` and
 ``scripts/prepare_parallel.sh`` call this. Problems with the data exit with
 status 1 and a one-paragraph ``error:`` message instead of a traceback.
+
+Rerunning a command resumes it, and skips what is done. An OUT_DIR holding a
+finished preparation of other inputs or options is refused unless ``--force``
+(it would be overwritten step by step). A first run that fails before any step
+finished removes the OUT_DIR it created, so a failure leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -47,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: all cores, %(default)s)")
     common.add_argument("--chunk-lines", type=_positive, default=DEFAULT_CHUNK_LINES,
                         help="lines per unit of parallel work (default: %(default)s)")
+    common.add_argument("--force", action="store_true",
+                        help="redo a finished preparation in OUT_DIR that used other inputs or options")
 
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_rope.prepare.cli",
@@ -93,19 +101,51 @@ def run(args: argparse.Namespace) -> int:
     name = "WMT14" if wmt else "parallel corpus"
     log(f"{name} {opts.src}-{opts.tgt} → {out_dir} "
         f"({opts.bpe}, vocabulary {opts.vocab_size:,}, {opts.workers} workers)")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline(out_dir, log=log)
-    with pipeline.lock():
-        first: Step
-        if wmt:
-            raw_dir = (args.raw_dir or out_dir / "orig").resolve()
-            archives = ensure_archives(raw_dir, WMT14_ARCHIVES, offline=args.offline, log=log)
-            first = recipes.wmt_extract_step(opts, WMT14_EN_DE, archives)
-        else:
-            prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
-            first = recipes.import_step(opts, prefixes)
-        pipeline.run([first, *recipes.common_steps(opts)])
-        return recipes.report(opts)
+    try:
+        with pipeline.lock():
+            first: Step
+            if wmt:
+                raw_dir = (args.raw_dir or out_dir / "orig").resolve()
+                archives = ensure_archives(raw_dir, WMT14_ARCHIVES, offline=args.offline, log=log)
+                first = recipes.wmt_extract_step(opts, WMT14_EN_DE, archives)
+            else:
+                prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
+                first = recipes.import_step(opts, prefixes)
+            steps = [first, *recipes.common_steps(opts)]
+            if not args.force:
+                refuse_to_overwrite(pipeline, steps, out_dir)
+            pipeline.run(steps)
+            return recipes.report(opts)
+    except BaseException:
+        if created:
+            remove_if_empty(out_dir, pipeline)
+        raise
+
+
+def refuse_to_overwrite(pipeline: Pipeline, steps: Sequence[Step], out_dir: Path) -> None:
+    """Raise if ``out_dir`` holds a finished preparation that ``steps`` would partly redo."""
+    if not pipeline.has_finished(steps[-1]):
+        return  # nothing finished to protect: a first run, or the resume of an interrupted one
+    changed = pipeline.first_changed(steps)
+    if changed is not None:
+        raise PrepareError(
+            f"{out_dir} already holds a finished preparation made from other inputs or options "
+            f"(step '{changed.name}' would be redone and data-bin/ replaced). Rerun the original "
+            "command to resume it, choose another OUT_DIR, or pass --force to redo it."
+        )
+
+
+def remove_if_empty(out_dir: Path, pipeline: Pipeline) -> None:
+    """Remove an OUT_DIR this run created if it holds nothing but empty folders and the lock.
+
+    Anything else (a finished step, downloaded archives) is kept for the rerun.
+    """
+    bookkeeping = {pipeline.state_dir / "lock", pipeline.state_dir / "hashes.json"}
+    if all(p.is_dir() or p in bookkeeping for p in out_dir.rglob("*")):
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -113,6 +153,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         run(args)
     except PrepareError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except OSError as exc:  # an unwritable OUT_DIR, a full disk: the path is in the message
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

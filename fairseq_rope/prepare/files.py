@@ -66,7 +66,8 @@ def decode_lines(raw: Iterable[bytes], name: str, strict: bool = True) -> Iterat
         except UnicodeDecodeError as exc:
             if strict:
                 raise PrepareError(
-                    f"{name}: line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                    f"{name}: line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
                 ) from None
             bad.append(lineno)
             yield line.decode("utf-8", errors="replace")
@@ -82,12 +83,18 @@ def copy_user_file(src: PathLike, dest: PathLike) -> int:
     returns its number of lines.
     """
     src = Path(src)
-    if not src.is_file():
-        raise PrepareError(f"{src}: no such file")
-    with open(src, "rb") as f:
+    if not src.exists():
+        raise PrepareError(f"{src}: no such file (inputs are PREFIX.LANG for each --*pref and language)")
+    try:
+        f = open(src, "rb")
+    except IsADirectoryError:
+        raise PrepareError(f"{src}: is a directory, not a text file of sentences") from None
+    except OSError as exc:
+        raise PrepareError(f"{src}: cannot read it ({exc.strerror}); check its permissions") from None
+    with f:
         n = write_lines(dest, decode_lines(f, str(src), strict=True))
     if n == 0:
-        raise PrepareError(f"{src}: file is empty")
+        raise PrepareError(f"{src}: file is empty; every split needs at least one sentence pair")
     return n
 
 
@@ -95,5 +102,6 @@ def check_aligned(src: PathLike, n_src: int, tgt: PathLike, n_tgt: int) -> None:
     """Raise if two sides of a parallel corpus have different line counts."""
     if n_src != n_tgt:
         raise PrepareError(
-            f"misaligned parallel files: {src} has {n_src} lines but {tgt} has {n_tgt} lines"
+            f"misaligned parallel files: {src} has {n_src} lines but {tgt} has {n_tgt} lines; "
+            "line i of each side must hold the translation of line i of the other"
         )

@@ -10,8 +10,9 @@ downstream whose inputs then change. Keying on contents rather than mtimes
 means archives moved to another ``--raw-dir`` or a redone step with identical
 output do not trigger hours of needless work. Content hashes are cached in
 ``OUT_DIR/.done/hashes.json`` by path, size and mtime, so a rerun hashes only
-files that changed. Worker counts are deliberately not part of the key:
-outputs do not depend on them.
+files that changed; the cache is saved only when a step runs or a run ends,
+so a refused run changes nothing. Worker counts are deliberately not part of
+the key: outputs do not depend on them.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Pipeline:
         self.log = log
         self._hash_cache = self.state_dir / "hashes.json"
         self._hashes = self._load_hashes()
+        self._hashes_changed = False
 
     def _load_hashes(self) -> Dict[str, List[Any]]:
         try:
@@ -87,21 +89,29 @@ class Pipeline:
     def content_hash(self, path: Path) -> Optional[str]:
         """SHA-256 of ``path`` (None if it does not exist), cached by path, size and mtime."""
         path = Path(path).resolve()
-        try:
-            st = path.stat()
-        except FileNotFoundError:  # the step itself reports missing inputs, clearly
+        if not path.is_file():  # the step itself reports missing or odd inputs, clearly
             return None
+        st = path.stat()
         stamp = [st.st_size, st.st_mtime_ns]
         cached = self._hashes.get(str(path))
         if cached and cached[:2] == stamp:
             return cached[2]
-        digest = sha256_file(path)
+        try:
+            digest = sha256_file(path)
+        except OSError:  # unreadable: likewise for the step to report
+            return None
         self._hashes[str(path)] = stamp + [digest]
+        self._hashes_changed = True
+        return digest
+
+    def _save_hashes(self) -> None:
+        if not self._hashes_changed:
+            return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = _tmp_path(self._hash_cache)
         tmp.write_text(json.dumps(self._hashes, indent=0, sort_keys=True), encoding="utf-8")
         os.replace(tmp, self._hash_cache)
-        return digest
+        self._hashes_changed = False
 
     def key(self, step: Step) -> str:
         """Fingerprint of everything a step's outputs depend on."""
@@ -117,14 +127,33 @@ class Pipeline:
     def _marker(self, step: Step) -> Path:
         return self.state_dir / (step.name.replace("/", "_").replace(" ", "_") + ".done")
 
+    def _recorded_key(self, step: Step) -> Optional[str]:
+        try:
+            return json.loads(self._marker(step).read_text(encoding="utf-8"))["key"]
+        except (OSError, ValueError, KeyError):
+            return None
+
     def is_done(self, step: Step) -> bool:
         """Whether ``step`` finished with the current inputs and its outputs are all there."""
-        marker = self._marker(step)
-        try:
-            recorded = json.loads(marker.read_text(encoding="utf-8"))["key"]
-        except (OSError, ValueError, KeyError):
+        recorded = self._recorded_key(step)
+        if recorded is None or recorded != self.key(step):
             return False
-        return recorded == self.key(step) and all(Path(p).exists() for p in step.outputs)
+        return all(Path(p).exists() for p in step.outputs)
+
+    def has_finished(self, step: Step) -> bool:
+        """Whether ``step`` finished once, whatever its inputs were."""
+        return self._recorded_key(step) is not None
+
+    def first_changed(self, steps: Sequence[Step]) -> Optional[Step]:
+        """The first of ``steps`` that finished with other inputs or options than it has now.
+
+        A step whose outputs were merely lost is not "changed": rerunning it is a resume.
+        """
+        for step in steps:
+            recorded = self._recorded_key(step)
+            if recorded is not None and recorded != self.key(step):
+                return step
+        return None
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -141,6 +170,7 @@ class Pipeline:
         """Run (or skip) ``steps`` in order; stop at the first failure."""
         for i, step in enumerate(steps, start=1):
             self.run_step(step, f"[{i}/{len(steps)}]")
+        self._save_hashes()
 
     def run_step(self, step: Step, prefix: str = "") -> bool:
         """Run ``step`` unless it is done; return whether it ran."""
@@ -153,6 +183,7 @@ class Pipeline:
         # Keyed on the inputs as they were when the step read them: an input
         # modified while the step runs makes the next run redo it.
         key = self.key(step)
+        self._save_hashes()
         marker = self._marker(step)
         marker.unlink(missing_ok=True)
         outputs = [Path(p) for p in step.outputs]

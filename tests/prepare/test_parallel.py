@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Dict, Tuple
 
 from fairseq_rope.prepare.files import read_lines
 
@@ -60,7 +61,7 @@ def test_misaligned_files_fail_naming_both(tmp_path):
                      "--testpref", test, tmp_path / "out")
     assert result.rc == 1
     assert f"misaligned parallel files: {dev}.en has 30 lines but {dev}.fr has 29 lines" in result.err
-    assert not (tmp_path / "out" / "raw" / "train.en").exists()  # nothing committed
+    assert not (tmp_path / "out").exists()  # nothing committed, no empty OUT_DIR left
 
 
 def test_empty_and_non_utf8_files_fail_clearly(tmp_path):
@@ -69,15 +70,55 @@ def test_empty_and_non_utf8_files_fail_clearly(tmp_path):
             "--testpref", test, tmp_path / "out"]
     Path(f"{test}.fr").write_bytes(b"")
     result = run_cli(*args)
-    assert result.rc == 1 and f"{test}.fr: file is empty" in result.err
+    assert result.rc == 1 and f"{test}.fr: file is empty; every split needs at least one sentence pair" in result.err
+    assert not (tmp_path / "out").exists()
 
     Path(f"{test}.fr").write_bytes(b"un\ndeux\n" + "trois \xe9t\xe9\n".encode("latin-1"))
     result = run_cli(*args)
-    assert result.rc == 1 and re.search(rf"{re.escape(str(test))}\.fr: line 3 is not valid UTF-8", result.err)
+    assert result.rc == 1 and re.search(rf"{re.escape(str(test))}\.fr: line 3 is not valid UTF-8 .*; "
+                                         r"convert the file to UTF-8", result.err)
+    assert not (tmp_path / "out").exists()
 
     Path(f"{test}.fr").unlink()
     result = run_cli(*args)
-    assert result.rc == 1 and f"{test}.fr: no such file" in result.err
+    assert result.rc == 1 and f"{test}.fr: no such file (inputs are PREFIX.LANG" in result.err
+    assert not (tmp_path / "out").exists()
+
+    Path(f"{test}.fr").mkdir()  # unreadable as a file
+    result = run_cli(*args)
+    assert result.rc == 1 and f"{test}.fr: is a directory, not a text file of sentences" in result.err
+    assert not (tmp_path / "out").exists() and "Traceback" not in result.err
+
+
+def snapshot(directory: Path) -> Dict[str, Tuple[int, bytes]]:
+    """Every file under ``directory``: (mtime, contents), to show that nothing changed."""
+    return {str(p.relative_to(directory)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_finished_preparation_of_other_inputs_is_refused_unless_forced(tmp_path):
+    train, dev, _ = corpus(tmp_path, n_train=40)
+    out = tmp_path / "out"
+    args = ["parallel", "--src", "en", "--tgt", "fr", "--trainpref", train, "--validpref", dev,
+            "--vocab-size", 200, "--workers", 1, out]
+    assert run_cli(*args).rc == 0
+    rerun = run_cli(*args)  # the same command: every step skipped
+    assert rerun.rc == 0 and "running" not in rerun.out
+    before = snapshot(out)
+
+    other_options = run_cli(*args[:-1], "--vocab-size", 150, out)
+    assert other_options.rc == 1 and "step 'learn-bpe' would be redone" in other_options.err
+    Path(f"{train}.en").write_text("".join(f"new line {i}\n" for i in range(40)), encoding="utf-8")
+    result = run_cli(*args)
+    assert result.rc == 1
+    assert (f"error: {out} already holds a finished preparation made from other inputs or options "
+            "(step 'import' would be redone") in result.err
+    assert "pass --force to redo it" in result.err
+    assert snapshot(out) == before  # not even the hash cache changed
+
+    forced = run_cli(*args[:-1], "--force", out)
+    assert forced.rc == 0, forced.err
+    assert next(read_lines(out / "raw" / "train.en")) == "new line 0"
 
 
 def test_shell_entry_point_reports_misalignment(tmp_path):
@@ -91,4 +132,5 @@ def test_shell_entry_point_reports_misalignment(tmp_path):
     assert proc.returncode == 1
     assert f"error: misaligned parallel files: {train}.en has 40 lines but {train}.fr has 1 lines" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert (tmp_path / "out").is_dir()  # a relative OUT_DIR is taken from the caller's directory
+    assert f"→ {tmp_path / 'out'} " in proc.stdout  # a relative OUT_DIR is taken from the caller's directory
+    assert not (tmp_path / "out").exists()  # the failed first run leaves no OUT_DIR behind

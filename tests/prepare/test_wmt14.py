@@ -8,10 +8,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from fairseq_rope.prepare.files import read_lines
 from fairseq_rope.prepare.text import keep_pair
 
-from .conftest import REPO, TINY_VOCAB, run_cli
+from .conftest import REPO, TINY_VOCAB, run_cli, text_bytes, write_tgz
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
@@ -125,7 +127,7 @@ def test_changed_option_redoes_only_downstream_steps(wmt14_archives, wmt14_prepa
     out, _ = wmt14_prepared
     shutil.copytree(out, tmp_path / "out", symlinks=True)
     result = run_cli("wmt14", "--raw-dir", wmt14_archives.raw_dir, "--offline", "--vocab-size", 150,
-                     "--workers", 2, tmp_path / "out")
+                     "--workers", 2, "--force", tmp_path / "out")
     assert result.rc == 0, result.err
     ran = [m.group(1) for m in re.finditer(r"\] (\S+(?: \S+)?): running", result.out)]
     assert ran[0] == "learn-bpe" and "extract" not in ran and not any(r.startswith("tokenize") for r in ran)
@@ -147,8 +149,22 @@ def test_truncated_archive_fails_naming_the_file(wmt14_archives, tmp_path):
     assert str(bad) in result.err and "not a complete gzipped tar" in result.err
     assert "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz" in result.err
     assert "europarl" not in result.err  # only the bad one is named
-    assert not (tmp_path / "out" / "raw" / "train.en").exists()
-    assert not list((tmp_path / "out").rglob("*.tmp"))
+    assert not (tmp_path / "out").exists()  # nothing extracted, no empty OUT_DIR left
+
+
+@pytest.mark.parametrize("de_lines, message", [
+    (49, "misaligned parallel files: dev.tgz:dev/newstest2013.en has 50 lines but "
+         "dev.tgz:dev/newstest2013.de has 49 lines"),
+    (0, "dev.tgz:dev/newstest2013.en: no text in this member"),
+])
+def test_misaligned_or_empty_archive_members_fail_naming_them(wmt14_archives, tmp_path, de_lines, message):
+    raw = _copy_archives(wmt14_archives, tmp_path / "raw")
+    en = [] if de_lines == 0 else [s for s, _ in wmt14_archives.valid]
+    write_tgz(raw / "dev.tgz", {"dev/newstest2013.en": text_bytes(en),
+                                "dev/newstest2013.de": text_bytes(t for _, t in wmt14_archives.valid[:de_lines])})
+    result = run_cli("wmt14", "--raw-dir", raw, "--offline", "--workers", 1, tmp_path / "out")
+    assert result.rc == 1 and f"error: {message}" in result.err
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_archive_offline_fails_without_downloading(wmt14_archives, tmp_path):
@@ -158,6 +174,7 @@ def test_missing_archive_offline_fails_without_downloading(wmt14_archives, tmp_p
     assert result.rc == 1
     assert "missing archives" in result.err and "http://statmt.org/wmt14/dev.tgz" in result.err
     assert not (raw / "dev.tgz").exists() and not (raw / "dev.tgz.part").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_shell_entry_point_with_sentencepiece(wmt14_archives, tmp_path):
