@@ -61,8 +61,14 @@ def refusing_unsafe(path: PathLike) -> Iterator[None]:
         if isinstance(error, UnsafeCheckpointError) or "Weights only load failed" not in str(error):
             raise
         # torch's own reason, without its advice to allowlist what the file asked for.
-        match = re.search(r"WeightsUnpickler error: (.*?)(?: Please use|\n|$)", str(error))
+        match = re.search(r"WeightsUnpickler error:\s*(.*?)(?: Please use|\n|$)", str(error))
         reason = match.group(1).strip().rstrip(".") if match else "an object outside the allowlist"
+        if reason.startswith("Unsupported operand"):
+            # Not a pickle at all: damaged, or not a checkpoint (no code could have run).
+            raise pickle.UnpicklingError(
+                f"cannot read checkpoint {os.fspath(path)}: it is not a torch checkpoint or "
+                f"it is corrupt ({reason}); copy or save it again"
+            ) from None
         raise UnsafeCheckpointError(
             f"refused to load checkpoint {os.fspath(path)}: torch's safe unpickler "
             f"(weights_only=True) rejected it ({reason}). A fairseq checkpoint holds only "

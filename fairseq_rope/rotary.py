@@ -29,6 +29,7 @@ let alone its product with θ_1. Only the final cos/sin are cast to q's dtype.
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Literal, Optional, Tuple
 
 import torch
@@ -56,8 +57,8 @@ def validate_rope_options(
             f"--rope-dim must be an even number in [2, head dim = {head_dim}], "
             f"got {rope_dim}"
         )
-    if not theta > 0:
-        raise ValueError(f"--rope-theta must be > 0, got {theta}")
+    if not (theta > 0 and math.isfinite(theta)):
+        raise ValueError(f"--rope-theta must be a finite number > 0, got {theta}")
     if layout not in LAYOUTS:
         raise ValueError(
             f"--rope-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}"

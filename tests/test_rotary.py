@@ -153,6 +153,8 @@ def test_module_is_untouched_by_half_and_state_dict():
         ((8, 10, 10000.0, "interleaved"), "--rope-dim"),
         ((8, 8, 0.0, "interleaved"), "--rope-theta"),
         ((8, 8, -5.0, "interleaved"), "--rope-theta"),
+        ((8, 8, float("inf"), "interleaved"), "--rope-theta"),
+        ((8, 8, float("nan"), "interleaved"), "--rope-theta"),
         ((8, 8, 10000.0, "diagonal"), "--rope-layout"),
     ],
 )

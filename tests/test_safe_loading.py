@@ -281,3 +281,12 @@ def test_real_checkpoints_of_every_row_decode_through_fairseq_generate(refusals)
     result = refusals[LEGIT_GENERATE]
     assert result.status == 0, result.output[-3000:]
     assert len(re.findall(r"^H-\d+\t", result.stdout, flags=re.M)) == 40
+
+
+def test_a_file_that_is_no_checkpoint_is_called_corrupt_not_unsafe(tmp_path):
+    garbage = tmp_path / "checkpoint_last.pt"
+    garbage.write_bytes(b"garbage, not a torch file")
+    with pytest.raises(Exception) as error:
+        load_checkpoint(garbage)
+    assert not isinstance(error.value, UnsafeCheckpointError)
+    assert f"cannot read checkpoint {garbage}: it is not a torch checkpoint or it is corrupt" in str(error.value)
