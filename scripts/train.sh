@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Train an experiment config with fairseq-train.
+# Train an experiment config with fairseq-train; rerun unchanged to resume.
 #
-#   scripts/train.sh CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]
+#   scripts/train.sh [--force] CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]
 #
 # CONFIG is a config name (configs/<name>.yaml, e.g. rope_base) or a path to a
 # YAML file (format: fairseq_rope/experiment.py). Extra arguments come last on
@@ -12,38 +12,41 @@
 # Writes SAVE_DIR/command.txt (the resolved command of the latest run, after a
 # `cd` to the directory it ran in, as paths may be relative) and appends
 # fairseq's log to SAVE_DIR/train.log while showing it on the terminal.
-# Re-running with the same SAVE_DIR resumes from SAVE_DIR/checkpoint_last.pt.
+#
+# Resuming: rerunning with the same SAVE_DIR continues from
+# SAVE_DIR/checkpoint_last.pt (model, optimizer, lr schedule, position in the
+# epoch); on CPU the result is bit-identical to an uninterrupted run. Only the
+# same run may resume: a SAVE_DIR holding checkpoints of a different command is
+# refused. "Different" means another data-bin or any other option after the
+# config is expanded, except when to stop and how often to validate, save and
+# log (--max-update, --max-epoch, --save-interval-updates, --log-interval, ...:
+# see fairseq_rope/training.py), so `--max-update N` continues a run for longer.
+#   --force   continue from SAVE_DIR's checkpoints with the new arguments anyway
+#             (e.g. another --update-freq on other hardware); they become the
+#             recorded command. To start over, use a new SAVE_DIR.
+# Bad input (unknown config, missing or incomplete DATA_BIN, a different run's
+# SAVE_DIR) fails before anything is created or changed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
+usage="usage: $0 [--force] CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]"
+force=()
+if [[ ${1:-} == --force ]]; then force=(--force); shift; fi
 if [[ $# -lt 3 ]]; then
-    echo "usage: $0 CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]" >&2
+    echo "$usage" >&2
     exit 2
 fi
 config=$1 data_bin=$2 save_dir=$3
 shift 3
 
-# Resolve the command first, so a bad config creates no SAVE_DIR.
+# Check the inputs, then record the run in SAVE_DIR (command.txt, train.log
+# header) and get the resolved fairseq-train arguments; nothing is written if a
+# check fails.
 argv_file=$(mktemp)
 trap 'rm -f "$argv_file"' EXIT
-"$PYTHON" -m fairseq_rope.experiment --null --data "$data_bin" --save-dir "$save_dir" \
-    "$config" -- "$@" > "$argv_file"
+"$PYTHON" -m fairseq_rope.training "${force[@]}" "$config" "$data_bin" "$save_dir" -- "$@" > "$argv_file"
 mapfile -d '' -t args < "$argv_file"
-cmd=(fairseq-train "${args[@]}")
-
-# Shell-quote only the arguments that need it: '(0.9, 0.98)', not \(0.9\,\ 0.98\).
-quote() {
-    local arg out=()
-    for arg; do
-        if [[ $arg =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then out+=("$arg"); else out+=("${arg@Q}"); fi
-    done
-    echo "${out[*]}"
-}
-
-mkdir -p "$save_dir"
-{ echo "cd $(quote "$PWD")"; quote "${cmd[@]}"; } > "$save_dir/command.txt"
-echo "# $(date -Is) $(hostname) in $PWD: $(quote "${cmd[@]}")" >> "$save_dir/train.log"
 
 # Unbuffered, so the terminal shows progress as it happens despite the pipe;
 # pipefail makes a fairseq-train failure the script's exit status.
-PYTHONUNBUFFERED=1 "${cmd[@]}" 2>&1 | tee -a "$save_dir/train.log"
+PYTHONUNBUFFERED=1 fairseq-train "${args[@]}" 2>&1 | tee -a "$save_dir/train.log"

@@ -1,0 +1,244 @@
+"""Crash and resume of scripts/train.sh, and its refusal of bad input.
+
+A training run SIGKILLed in the middle of an epoch and rerun unchanged ends
+with the same bits as a run never interrupted; train.sh refuses a missing or
+incomplete DATA_BIN and a SAVE_DIR of another run before writing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+from fairseq_rope import training
+from fairseq_rope.checkpoints import load_checkpoint
+from tests.conftest import REPO
+
+TRAIN_SH = REPO / "scripts" / "train.sh"
+CONFIG = "rope_demo"  # dropout 0.1: resuming must restore the dropout RNG too
+# 18 updates per epoch on the toy corpus; a checkpoint every 7 updates falls
+# mid-epoch, and 40 updates end in the middle of epoch 3.
+SCHEDULE = ["--max-tokens", "1000", "--max-update", "40", "--save-interval-updates", "7",
+            "--warmup-updates", "20", "--log-interval", "5"]
+KILL_AFTER = "checkpoint_2_28.pt"  # a checkpoint in the middle of epoch 2
+LOADED = re.compile(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch (\d+) @ (\d+) updates\)")
+
+
+def train_sh(*args: object, cwd: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([str(TRAIN_SH), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-5000:]
+    return out
+
+
+def kill_after(proc: subprocess.Popen, line_part: str) -> List[str]:
+    """Read ``proc``'s output until a line containing ``line_part``, then SIGKILL its process group."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line_part in line:
+            os.killpg(proc.pid, signal.SIGKILL)  # train.sh, tee and fairseq-train alike
+            break
+    proc.communicate()
+    assert lines and line_part in lines[-1], "".join(lines[-50:])
+    return lines
+
+
+def checkpoints(save_dir: Path) -> Dict[str, dict]:
+    return {p.name: load_checkpoint(p) for p in sorted(save_dir.glob("checkpoint*.pt"))}
+
+
+def assert_same_tensors(a, b, where: str) -> None:
+    """Equal nested state (dicts, lists, tensors compared bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tensors(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def test_training_killed_mid_epoch_resumes_bit_identically(toy_data_bin, tmp_path):
+    """Also the guard of fairseq_rope.resume's batch fix: without it, the resumed run's
+    checkpoints from update 35 on differ (other batches in epoch 2 and later)."""
+    # The uninterrupted run and the first attempt of the other run side by side.
+    uninterrupted = train_sh(CONFIG, toy_data_bin, "A", *SCHEDULE, cwd=tmp_path)
+    killed = train_sh(CONFIG, toy_data_bin, "B", *SCHEDULE, cwd=tmp_path, start_new_session=True)
+    before_kill = kill_after(killed, f"Saved checkpoint B/{KILL_AFTER}")
+    assert killed.returncode == -signal.SIGKILL
+    assert not any("done training" in line for line in before_kill)
+    for name, state in checkpoints(tmp_path / "B").items():  # everything the kill left loads
+        assert "model" in state, name
+
+    resumed = finish(train_sh(CONFIG, toy_data_bin, "B", *SCHEDULE, cwd=tmp_path))
+    epoch, updates = map(int, LOADED.search(resumed).groups())
+    assert epoch == 2 and 28 <= updates < 36  # mid-epoch: epoch 2 ends at update 36
+    finish(uninterrupted)
+
+    a, b = checkpoints(tmp_path / "A"), checkpoints(tmp_path / "B")
+    assert a.keys() == b.keys()
+    assert {"checkpoint_2_35.pt", "checkpoint_last.pt"} <= a.keys()  # written after the resume
+    for name in a:  # model, optimizer (Adam moments, step), lr schedule, iterator position, val loss
+        for key in ("model", "last_optimizer_state"):
+            assert_same_tensors(a[name][key], b[name][key], f"{name}:{key}")
+        # One history entry per invocation: the last one holds the lr schedule and update count.
+        assert_same_tensors(a[name]["optimizer_history"][-1], b[name]["optimizer_history"][-1], f"{name}:history")
+        for key in ("train_iterator", "val_loss", "best"):  # not the meters: they hold wall times
+            assert_same_tensors(a[name]["extra_state"][key], b[name]["extra_state"][key], f"{name}:{key}")
+    assert a["checkpoint_last.pt"]["optimizer_history"][-1]["num_updates"] == 40
+    assert a["checkpoint_last.pt"]["extra_state"]["train_iterator"]["epoch"] == 3
+
+
+def test_a_kill_during_a_checkpoint_copy_leaves_the_previous_checkpoint(tmp_path):
+    """fairseq copies checkpoint_last.pt from the first file of a save; the copy must be atomic."""
+    src, dst = tmp_path / "checkpoint_1_7.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"new" * 100_000)
+    dst.write_bytes(b"old checkpoint")
+    # A child process killed in the middle of writing the copy.
+    code = (
+        "import os, shutil, signal, fairseq_rope\n"
+        "from fairseq.file_io import PathManager\n"
+        "def half_then_die(src, dst, *args, **kwargs):\n"
+        "    with open(src, 'rb') as s, open(dst, 'wb') as d:\n"
+        "        d.write(s.read(1000)); d.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "shutil.copyfile = half_then_die  # what fairseq's PathManager.copy calls\n"
+        f"PathManager.copy({str(src)!r}, {str(dst)!r}, overwrite=True)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert dst.read_bytes() == b"old checkpoint"
+    from fairseq.file_io import PathManager
+
+    assert PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == src.read_bytes()
+
+
+# --- Bad input: refused before anything is created or changed
+
+
+def run_training_check(*args: object, cwd: Path, capsys) -> Tuple[int, str, str]:
+    """``python -m fairseq_rope.training`` in-process (train.sh's checks); (status, stdout, stderr)."""
+    os.chdir(cwd)
+    status = training.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def snapshot(directory: Path) -> Dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def fake_run(save_dir: Path, data_bin: Path, *extra: str, cwd: Path, capsys) -> None:
+    """A SAVE_DIR as train.sh leaves it (command.txt) with a checkpoint (its bytes are not read)."""
+    status, _, err = run_training_check(CONFIG, data_bin, save_dir, "--", *extra, cwd=cwd, capsys=capsys)
+    assert status == 0, err
+    (save_dir / "checkpoint_last.pt").write_bytes(b"not read by the checks")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # restored after the test
+    return tmp_path
+
+
+def test_missing_or_incomplete_data_bin_is_refused(toy_data_bin, in_tmp, capsys):
+    save = in_tmp / "save"
+    status, out, err = run_training_check(CONFIG, in_tmp / "nowhere", save, cwd=in_tmp, capsys=capsys)
+    assert status == 2 and not out
+    assert f"DATA_BIN {in_tmp / 'nowhere'}: no such directory" in err and "prepare_parallel.sh" in err
+
+    partial = in_tmp / "partial"
+    shutil.copytree(toy_data_bin, partial)
+    for path in partial.glob("valid.*.bin"):
+        path.unlink()
+    status, _, err = run_training_check(CONFIG, partial, save, cwd=in_tmp, capsys=capsys)
+    assert status == 2 and "the binarized 'valid' split is incomplete (valid.en-de.de.bin" in err
+    assert "--disable-validation" not in err
+    # ...unless validation is off; then the training split is all it needs.
+    status, _, err = run_training_check(CONFIG, partial, in_tmp / "other", "--", "--disable-validation",
+                                        cwd=in_tmp, capsys=capsys)
+    assert status == 0, err
+
+    for path in partial.glob("dict.*.txt"):
+        path.unlink()
+    status, _, err = run_training_check(CONFIG, partial, save, cwd=in_tmp, capsys=capsys)
+    assert status == 2 and f"DATA_BIN {partial}: no dictionary (dict.*.txt)" in err
+    assert not save.exists()
+
+
+def test_save_dir_of_a_different_run_is_refused_unless_forced(toy_data_bin, in_tmp, capsys):
+    save = in_tmp / "save"
+    fake_run(save, toy_data_bin, "--max-update", "10", cwd=in_tmp, capsys=capsys)
+    before = snapshot(save)
+
+    # Another config, and another option of the same config: refused, nothing touched.
+    for args, difference in [(("rpe_demo",), "--arch: transformer_rope_tiny -> transformer_rpe_tiny"),
+                             ((CONFIG, "--", "--dropout", "0.3"), "--dropout: 0.1 -> 0.3"),
+                             ((CONFIG, "--", "--fp16"), "--fp16: (not given) -> (flag set)")]:
+        config, *rest = args
+        status, out, err = run_training_check(config, toy_data_bin, save, *rest, cwd=in_tmp, capsys=capsys)
+        assert status == 2 and not out
+        assert f"SAVE_DIR {save} holds checkpoints of a different run" in err and difference in err, err
+        assert "--force" in err
+        assert snapshot(save) == before
+
+    # The same run from another directory (the same data by a relative path), continued for
+    # longer and logged more often: resumes.
+    sub = in_tmp / "sub"
+    sub.mkdir()
+    status, out, err = run_training_check(CONFIG, os.path.relpath(toy_data_bin, sub), "../save", "--",
+                                          "--max-update", "20", "--log-interval", "1", cwd=sub, capsys=capsys)
+    assert status == 0, err
+    assert out.split("\0")[-5:-1] == ["--max-update", "20", "--log-interval", "1"]
+    assert (save / "command.txt").read_text().splitlines()[0] == f"cd {sub}"
+
+    # --force continues with the new arguments, which become the recorded command.
+    status, _, err = run_training_check("--force", CONFIG, toy_data_bin, save, "--", "--dropout", "0.3",
+                                        cwd=in_tmp, capsys=capsys)
+    assert status == 0, err
+    assert (save / "command.txt").read_text().rstrip().endswith("--dropout 0.3")
+    status, _, err = run_training_check(CONFIG, toy_data_bin, save, "--", "--dropout", "0.3",
+                                        cwd=in_tmp, capsys=capsys)
+    assert status == 0, err
+
+
+def test_checkpoints_without_a_recorded_command_need_force(toy_data_bin, in_tmp, capsys):
+    save = in_tmp / "save"
+    save.mkdir()
+    (save / "checkpoint_last.pt").write_bytes(b"made by fairseq-train directly")
+    status, _, err = run_training_check(CONFIG, toy_data_bin, save, cwd=in_tmp, capsys=capsys)
+    assert status == 2 and "holds checkpoints (checkpoint_last.pt, ...) but no readable command.txt" in err
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_last.pt"]
+    status, _, err = run_training_check(CONFIG, toy_data_bin, save, "--", "--force", cwd=in_tmp, capsys=capsys)
+    assert status == 2 and "--force goes before CONFIG" in err
+    assert run_training_check("--force", CONFIG, toy_data_bin, save, cwd=in_tmp, capsys=capsys)[0] == 0
+
+
+def test_train_sh_refuses_bad_input_with_a_clear_message(toy_data_bin, tmp_path):
+    """The shell entry point: exit status 2, the message, and no SAVE_DIR."""
+    missing = subprocess.run([str(TRAIN_SH), CONFIG, tmp_path / "nowhere", tmp_path / "save"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert missing.returncode == 2
+    assert f"error: DATA_BIN {tmp_path / 'nowhere'}: no such directory" in missing.stderr
+    assert not (tmp_path / "save").exists()
+    usage = subprocess.run([str(TRAIN_SH), "--force", CONFIG], capture_output=True, text=True, cwd=tmp_path)
+    assert usage.returncode == 2 and "usage:" in usage.stderr and "[--force]" in usage.stderr
