@@ -47,6 +47,13 @@ trap 'rm -f "$argv_file"' EXIT
 "$PYTHON" -m fairseq_rope.training "${force[@]}" "$config" "$data_bin" "$save_dir" -- "$@" > "$argv_file"
 mapfile -d '' -t args < "$argv_file"
 
+# $LAUNCHER, if set, runs fairseq-train under a launcher, split on whitespace, e.g.
+# LAUNCHER="torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id JOB"
+# (torchrun takes the script's path, not a command name; see docs/distributed.md).
+read -r -a launcher <<< "${LAUNCHER:-}"
+train=(fairseq-train)
+if [[ ${#launcher[@]} -gt 0 ]]; then train=("${launcher[@]}" "$(command -v fairseq-train)"); fi
+
 # Unbuffered, so the terminal shows progress as it happens despite the pipe;
 # pipefail makes a fairseq-train failure the script's exit status.
-PYTHONUNBUFFERED=1 fairseq-train "${args[@]}" 2>&1 | tee -a "$save_dir/train.log"
+PYTHONUNBUFFERED=1 "${train[@]}" "${args[@]}" 2>&1 | tee -a "$save_dir/train.log"

@@ -211,6 +211,12 @@ def test_save_dir_of_a_different_run_is_refused_unless_forced(toy_data_bin, in_t
     assert out.split("\0")[-5:-1] == ["--max-update", "20", "--log-interval", "1"]
     assert (save / "command.txt").read_text().splitlines()[0] == f"cd {sub}"
 
+    # How the processes of a distributed job find each other changes with every job.
+    status, _, err = run_training_check(CONFIG, toy_data_bin, save, "--", "--max-update", "20",
+                                        "--log-interval", "1", "--distributed-port", "12345",
+                                        cwd=in_tmp, capsys=capsys)
+    assert status == 0, err
+
     # --force continues with the new arguments, which become the recorded command.
     status, _, err = run_training_check("--force", CONFIG, toy_data_bin, save, "--", "--dropout", "0.3",
                                         cwd=in_tmp, capsys=capsys)
@@ -242,3 +248,18 @@ def test_train_sh_refuses_bad_input_with_a_clear_message(toy_data_bin, tmp_path)
     assert not (tmp_path / "save").exists()
     usage = subprocess.run([str(TRAIN_SH), "--force", CONFIG], capture_output=True, text=True, cwd=tmp_path)
     assert usage.returncode == 2 and "usage:" in usage.stderr and "[--force]" in usage.stderr
+
+
+def test_train_sh_runs_fairseq_train_under_the_launcher(toy_data_bin, tmp_path):
+    """$LAUNCHER (e.g. torchrun) gets fairseq-train's path and the resolved arguments."""
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/launched"\nexec "$@"\n')
+    launcher.chmod(0o755)
+    save = tmp_path / "save"
+    env = {**os.environ, "LAUNCHER": f"{launcher} ", "OMP_NUM_THREADS": "1"}
+    finish(train_sh(CONFIG, toy_data_bin, save, "--max-update", "1", "--max-tokens", "1000",
+                    "--save-interval-updates", "1", cwd=tmp_path, env=env))
+    launched = (tmp_path / "launched").read_text().splitlines()
+    assert launched[0] == str(Path(sys.executable).parent / "fairseq-train")
+    assert launched[1] == str(toy_data_bin) and launched[-2:] == ["--save-interval-updates", "1"]
+    assert (save / "checkpoint_last.pt").exists()
