@@ -89,17 +89,18 @@ def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
     """Rotate ``x`` by the angles whose cosines and sines are given (Eq. 34).
 
-    x:        (..., T, head_dim), any float dtype, any strides with a dense last dim.
+    x:        (..., T, head_dim), any float dtype and strides.
     cos, sin: broadcastable to (..., T, rope_dim / 2); ``rope_dim = 2 * cos.size(-1)``
               leading dimensions of each head are rotated, the rest pass through.
 
-    The output has x's strides. cos and sin are constants (no gradient flows to
-    them); the gradient with respect to x is the inverse rotation of the
+    cos and sin are constants (no gradient flows to them); the gradient with respect to x is the inverse rotation of the
     incoming gradient, since R^d_{Θ,m} is orthogonal (Eq. 13).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown RoPE layout {layout!r}; expected one of {LAYOUTS}")
-    return _Rotation.apply(x, cos, sin, layout, False)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rotation.apply(x, cos, sin, layout, False)
+    return _rotate(x, cos, sin, layout, inverse=False)  # inference: no autograd bookkeeping
 
 
 class _Rotation(torch.autograd.Function):
@@ -124,31 +125,31 @@ _COMPLEX_DTYPES = (torch.float32, torch.float64)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, inverse: bool) -> Tensor:
-    """R x (or Rᵀ x when ``inverse``) into a fresh tensor, with x's strides if its last dim is dense."""
-    use_complex = layout == "interleaved" and x.dtype in _COMPLEX_DTYPES
-    if x.stride(-1) != 1 or (use_complex and not _complex_viewable(x)):
+    """R x (or Rᵀ x when ``inverse``): one pass over x, no temporaries of its size."""
+    rope_dim = 2 * cos.size(-1)
+    if x.stride(-1) != 1:
         # One copy is cheaper than element-wise kernels on a strided last dim
         # (SDPA's key gradient arrives transposed).
-        x = x.clone(memory_format=torch.contiguous_format)
-    rope_dim = 2 * cos.size(-1)
-    out = torch.empty_like(x)
-    if rope_dim < x.size(-1):
-        out[..., rope_dim:].copy_(x[..., rope_dim:])
-    src, dst = x[..., :rope_dim], out[..., :rope_dim]
-    if use_complex:
+        x = x.contiguous()
+    partial = rope_dim < x.size(-1)
+    rotated, passthrough = (x[..., :rope_dim], x[..., rope_dim:]) if partial else (x, None)
+    if layout == "interleaved" and x.dtype in _COMPLEX_DTYPES:
+        if not _complex_viewable(rotated):
+            rotated = rotated.clone(memory_format=torch.contiguous_format)
         cis = torch.complex(cos, -sin if inverse else sin)
-        torch.mul(_as_complex(src), cis, out=_as_complex(dst))
-        return out
-    if layout == "interleaved":
-        (a, b), (out_a, out_b) = src.unflatten(-1, (-1, 2)).unbind(-1), dst.unflatten(-1, (-1, 2)).unbind(-1)
+        out = torch.view_as_real(_as_complex(rotated) * cis).flatten(-2)
     else:
-        (a, b), (out_a, out_b) = src.chunk(2, dim=-1), dst.chunk(2, dim=-1)
-    # out_a = a cos − b sin, out_b = b cos + a sin (sin negated for the inverse).
-    torch.mul(a, cos, out=out_a)
-    out_a.addcmul_(b, sin, value=1 if inverse else -1)
-    torch.mul(b, cos, out=out_b)
-    out_b.addcmul_(a, sin, value=-1 if inverse else 1)
-    return out
+        out = torch.empty_like(rotated)
+        if layout == "interleaved":
+            (a, b), (out_a, out_b) = (t.unflatten(-1, (-1, 2)).unbind(-1) for t in (rotated, out))
+        else:
+            (a, b), (out_a, out_b) = rotated.chunk(2, dim=-1), out.chunk(2, dim=-1)
+        # out_a = a cos − b sin, out_b = b cos + a sin (sin negated for the inverse).
+        torch.mul(a, cos, out=out_a)
+        out_a.addcmul_(b, sin, value=1 if inverse else -1)
+        torch.mul(b, cos, out=out_b)
+        out_b.addcmul_(a, sin, value=-1 if inverse else 1)
+    return torch.cat((out, passthrough), dim=-1) if partial else out
 
 
 def _complex_viewable(t: Tensor) -> bool:
@@ -211,7 +212,7 @@ def cos_sin(
     there is no maximum length; angles are computed in fp32 and only the final
     values are cast to ``dtype``.
     """
-    key = (rope_dim, float(theta), torch.device(device), dtype)
+    key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype)
     needed = offset + length
     table = _TABLES.get(key)
     if table is None or table.capacity < needed:
@@ -278,4 +279,7 @@ class RotaryEmbedding(PositionEncoding):
 
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
         """Rotate queries and keys at positions offset, offset+1, … (Eq. 34)."""
-        return self(q, offset), self(k, offset)
+        # One table lookup for both, and no module call: a decoding step is
+        # all overhead, the tensors being a single position each.
+        cos, sin = cos_sin(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
+        return apply_rotary(q, cos, sin, self.layout), apply_rotary(k, cos, sin, self.layout)

@@ -63,8 +63,8 @@ def test_rope_options_reach_every_layer(dict_dir):
         (["--rope-dim", "0"], "--rope-dim must be .* got 0"),
         (["--rope-dim", "-2"], "--rope-dim must be .* got -2"),
         (["--rope-dim", "64"], r"--rope-dim must be an even number in \[2, head dim = 32\], got 64"),
-        (["--rope-theta", "0"], "--rope-theta must be > 0, got 0"),
-        (["--rope-theta", "-1"], "--rope-theta must be > 0, got -1"),
+        (["--rope-theta", "0"], "--rope-theta must be a finite number > 0, got 0"),
+        (["--rope-theta", "-1"], "--rope-theta must be a finite number > 0, got -1"),
     ],
 )
 def test_invalid_options_fail_at_model_build(dict_dir, extra, message):
