@@ -33,6 +33,12 @@ def relative_buckets(tgt_len: int, src_len: int, offset: int, max_distance: int,
     return (keys[None, :] - queries[:, None]).clamp(-max_distance, max_distance) + max_distance
 
 
+def validate_rpe_options(max_distance: int) -> None:
+    """Raise ``ValueError`` naming the option when RPE cannot be built."""
+    if max_distance < 1:
+        raise ValueError(f"--rpe-max-distance must be >= 1, got {max_distance}")
+
+
 class RelativePositionEncoding(PositionEncoding):
     """Learned relative key and value embeddings w^K, w^V ∈ R^{(2k+1) × head_dim}."""
 
@@ -40,8 +46,7 @@ class RelativePositionEncoding(PositionEncoding):
 
     def __init__(self, head_dim: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> None:
         super().__init__()
-        if max_distance < 1:
-            raise ValueError(f"--rpe-max-distance must be >= 1, got {max_distance}")
+        validate_rpe_options(max_distance)
         self.max_distance = max_distance
         self.key_embeddings = nn.Embedding(2 * max_distance + 1, head_dim)
         self.value_embeddings = nn.Embedding(2 * max_distance + 1, head_dim)

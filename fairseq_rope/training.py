@@ -108,6 +108,19 @@ def _check_one_data_bin(path: Path, subsets: Sequence[str]) -> None:
             raise TrainingError(f"DATA_BIN {path}: {', '.join(unreadable)} not readable (check permissions)")
 
 
+def check_options(argv: Sequence[str]) -> None:
+    """Parse ``argv`` as fairseq-train will, architecture defaults and the plugin's option
+    checks included, so that a misspelt or invalid option fails before SAVE_DIR exists."""
+    from fairseq import options
+
+    try:
+        options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
+    except SystemExit:  # argparse has printed the usage and what is wrong
+        raise TrainingError("fairseq-train does not accept these options (see the message above)") from None
+    except ValueError as e:
+        raise TrainingError(f"invalid option: {e}") from None
+
+
 # --- SAVE_DIR: same run or not
 
 
@@ -223,6 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         train_argv = training_argv(load_experiment(args.config, args.config_dir),
                                    args.data_bin, args.save_dir, extra)
         check_data_bin(args.data_bin, train_argv)
+        check_options(train_argv)
         check_save_dir(Path(args.save_dir), train_argv, cwd, args.force)
         Path(args.save_dir).mkdir(parents=True, exist_ok=True)
         record_run(Path(args.save_dir), train_argv, cwd)

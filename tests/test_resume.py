@@ -246,6 +246,12 @@ def test_train_sh_refuses_bad_input_with_a_clear_message(toy_data_bin, tmp_path)
     assert missing.returncode == 2
     assert f"error: DATA_BIN {tmp_path / 'nowhere'}: no such directory" in missing.stderr
     assert not (tmp_path / "save").exists()
+    for option, value, message in [("--rope-dim", "7", "error: invalid option: --rope-dim must be an even number"),
+                                   ("--rope-layuot", "half", "unrecognized arguments: --rope-layuot half")]:
+        bad = subprocess.run([str(TRAIN_SH), CONFIG, toy_data_bin, tmp_path / "save", option, value],
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert not (tmp_path / "save").exists()
     usage = subprocess.run([str(TRAIN_SH), "--force", CONFIG], capture_output=True, text=True, cwd=tmp_path)
     assert usage.returncode == 2 and "usage:" in usage.stderr and "[--force]" in usage.stderr
 

@@ -13,7 +13,7 @@ A model family picks its encoding by name (``position_encoding``) from
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
@@ -49,10 +49,20 @@ def register_position_encoding(name: str):
     return register
 
 
-def build_self_attention(layer: nn.Module, embed_dim: int, heads: int, cfg) -> nn.Module:
+def head_dim(embed_dim: int, heads: int) -> int:
     if embed_dim % heads:
         raise ValueError(f"embed dim {embed_dim} is not divisible by {heads} attention heads")
-    encoding = POSITION_ENCODINGS[cfg.position_encoding](cfg, embed_dim // heads)
+    return embed_dim // heads
+
+
+def head_dims(args) -> Tuple[int, int]:
+    """Encoder and decoder attention head dimensions of parsed fairseq args."""
+    return (head_dim(args.encoder_embed_dim, args.encoder_attention_heads),
+            head_dim(args.decoder_embed_dim, args.decoder_attention_heads))
+
+
+def build_self_attention(layer: nn.Module, embed_dim: int, heads: int, cfg) -> nn.Module:
+    encoding = POSITION_ENCODINGS[cfg.position_encoding](cfg, head_dim(embed_dim, heads))
     return PositionalMultiheadAttention(
         embed_dim,
         heads,

@@ -18,9 +18,10 @@ from fairseq.models.transformer import (
 
 from fairseq_rope.models.positional_transformer import (
     PositionalTransformerModel,
+    head_dims,
     register_position_encoding,
 )
-from fairseq_rope.rotary import DEFAULT_THETA, LAYOUTS, RotaryEmbedding
+from fairseq_rope.rotary import DEFAULT_THETA, LAYOUTS, RotaryEmbedding, validate_rope_options
 
 
 @register_position_encoding("rope")
@@ -55,6 +56,14 @@ class TransformerRopeModel(PositionalTransformerModel):
         )
 
 
+def check_rope_args(args) -> None:
+    """Validate the RoPE options once the architecture has set the dimensions: at
+    parse time, so fairseq-train fails before it creates its save dir."""
+    for dim in head_dims(args):
+        rope_dim = dim if args.rope_dim is None else args.rope_dim
+        validate_rope_options(dim, rope_dim, args.rope_theta, args.rope_layout)
+
+
 def rope_defaults(args) -> None:
     """Fill the RoPE options the command line left unset (None: rotate all dims)."""
     for name, default in (
@@ -68,6 +77,7 @@ def rope_defaults(args) -> None:
 def transformer_rope(args):
     rope_defaults(args)
     transformer_wmt_en_de(args)
+    check_rope_args(args)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope_wmt_en_de")
@@ -79,15 +89,18 @@ def transformer_rope_wmt_en_de(args):
 def transformer_rope_wmt_en_de_big(args):
     rope_defaults(args)
     transformer_wmt_en_de_big(args)
+    check_rope_args(args)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope_iwslt_de_en")
 def transformer_rope_iwslt_de_en(args):
     rope_defaults(args)
     transformer_iwslt_de_en(args)
+    check_rope_args(args)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope_tiny")
 def transformer_rope_tiny(args):
     rope_defaults(args)
     tiny_architecture(args)
+    check_rope_args(args)

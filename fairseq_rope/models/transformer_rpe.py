@@ -15,7 +15,7 @@ from fairseq_rope.models.positional_transformer import (
     PositionalTransformerModel,
     register_position_encoding,
 )
-from fairseq_rope.relative import DEFAULT_MAX_DISTANCE, RelativePositionEncoding
+from fairseq_rope.relative import DEFAULT_MAX_DISTANCE, RelativePositionEncoding, validate_rpe_options
 
 
 @register_position_encoding("rpe")
@@ -47,6 +47,7 @@ def rpe_defaults(args) -> None:
 def transformer_rpe(args):
     rpe_defaults(args)
     transformer_wmt_en_de(args)
+    validate_rpe_options(args.rpe_max_distance)
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe_wmt_en_de")
@@ -58,9 +59,11 @@ def transformer_rpe_wmt_en_de(args):
 def transformer_rpe_wmt_en_de_big(args):
     rpe_defaults(args)
     transformer_wmt_en_de_big(args)
+    validate_rpe_options(args.rpe_max_distance)
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe_tiny")
 def transformer_rpe_tiny(args):
     rpe_defaults(args)
     tiny_architecture(args)
+    validate_rpe_options(args.rpe_max_distance)

@@ -103,7 +103,7 @@ def test_beam_search_scores_equal_teacher_forced_rescoring(tiny_model):
     ("transformer_rpe_tiny", "--rpe-max-distance", "0"),
 ], ids=["rope", "rpe"])
 def test_invalid_option_through_fairseq_train_exits_non_zero_naming_it(dict_dir, tmp_path, arch, option, value):
-    """The build of tests/models/test_transformer_{rope,rpe}.py (exact messages), through the real command line."""
+    """The checks of tests/models/test_transformer_{rope,rpe}.py (exact messages), through the real command line."""
     save = tmp_path / "save"
     result = subprocess.run(
         [str(BIN_DIR / "fairseq-train"), str(dict_dir), "--user-dir", str(PLUGIN_DIR), "--arch", arch,
@@ -113,4 +113,4 @@ def test_invalid_option_through_fairseq_train_exits_non_zero_naming_it(dict_dir,
     assert result.returncode != 0
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith(f"ValueError: {option} must be") and error.endswith(f"got {value}")
-    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # fairseq made --save-dir, nothing in it
+    assert not save.exists()  # refused while parsing, before fairseq-train creates --save-dir
