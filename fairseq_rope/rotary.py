@@ -98,25 +98,33 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown RoPE layout {layout!r}; expected one of {LAYOUTS}")
+    return _apply(x, cos, sin, None, layout)
+
+
+def _apply(x: Tensor, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout) -> Tensor:
+    """:func:`apply_rotary`, with ``cis = cos + i·sin`` when the caller has it at hand."""
     if torch.is_grad_enabled() and x.requires_grad:
-        return _Rotation.apply(x, cos, sin, layout, False)
-    return _rotate(x, cos, sin, layout, inverse=False)  # inference: no autograd bookkeeping
+        return _Rotation.apply(x, cos, sin, cis, layout, False)
+    return _rotate(x, cos, sin, cis, layout, inverse=False)  # inference: no autograd bookkeeping
 
 
 class _Rotation(torch.autograd.Function):
     """Eq. 34 without temporaries; the backward is the inverse rotation (Rᵀ = R⁻¹)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, inverse: bool) -> Tensor:
-        ctx.save_for_backward(cos, sin)
+    def forward(
+        ctx, x: Tensor, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout, inverse: bool
+    ) -> Tensor:
+        ctx.save_for_backward(cos, sin, cis)
         ctx.layout, ctx.inverse = layout, inverse
-        return _rotate(x, cos, sin, layout, inverse)
+        return _rotate(x, cos, sin, cis, layout, inverse)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        cos, sin = ctx.saved_tensors
+        cos, sin, cis = ctx.saved_tensors
         # Through apply() again, so that higher-order gradients work too.
-        return _Rotation.apply(grad, cos, sin, ctx.layout, not ctx.inverse), None, None, None, None
+        rotated_back = _Rotation.apply(grad, cos, sin, cis, ctx.layout, not ctx.inverse)
+        return rotated_back, None, None, None, None, None
 
 
 # Dtypes whose pairs can be viewed as complex numbers: one complex multiply
@@ -124,7 +132,9 @@ class _Rotation(torch.autograd.Function):
 _COMPLEX_DTYPES = (torch.float32, torch.float64)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, inverse: bool) -> Tensor:
+def _rotate(
+    x: Tensor, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout, inverse: bool
+) -> Tensor:
     """R x (or Rᵀ x when ``inverse``): one pass over x, no temporaries of its size."""
     rope_dim = 2 * cos.size(-1)
     if x.stride(-1) != 1:
@@ -136,8 +146,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, inverse: bool) 
     if layout == "interleaved" and x.dtype in _COMPLEX_DTYPES:
         if not _complex_viewable(rotated):
             rotated = rotated.clone(memory_format=torch.contiguous_format)
-        cis = torch.complex(cos, -sin if inverse else sin)
-        out = torch.view_as_real(_as_complex(rotated) * cis).flatten(-2)
+        cis = torch.complex(cos, sin) if cis is None else cis
+        out = torch.view_as_real(_as_complex(rotated) * (cis.conj() if inverse else cis)).flatten(-2)
     else:
         out = torch.empty_like(rotated)
         if layout == "interleaved":
@@ -187,6 +197,8 @@ class _CosSinTable:
         angles = rotation_angles(positions, inv_freq)
         self.cos = angles.cos().to(dtype)
         self.sin = angles.sin().to(dtype)
+        # e^{i mθ} for the complex-multiply path (see _rotate), where the dtype has one.
+        self.cis = torch.complex(self.cos, self.sin) if dtype in _COMPLEX_DTYPES else None
 
     @property
     def capacity(self) -> int:
@@ -212,6 +224,14 @@ def cos_sin(
     there is no maximum length; angles are computed in fp32 and only the final
     values are cast to ``dtype``.
     """
+    cos, sin, _ = _cached_angles(length, rope_dim, theta, device, dtype, offset)
+    return cos, sin
+
+
+def _cached_angles(
+    length: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, offset: int
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """:func:`cos_sin` and, for dtypes with a complex counterpart, cos + i·sin."""
     key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype)
     needed = offset + length
     table = _TABLES.get(key)
@@ -220,7 +240,8 @@ def cos_sin(
         inv_freq = inverse_frequencies(rope_dim, theta, device, angle_dtype(dtype))
         table = _CosSinTable(inv_freq, dtype, capacity)
         _TABLES[key] = table
-    return table.cos[offset:needed], table.sin[offset:needed]
+    cis = None if table.cis is None else table.cis[offset:needed]
+    return table.cos[offset:needed], table.sin[offset:needed], cis
 
 
 class RotaryEmbedding(PositionEncoding):
@@ -281,5 +302,5 @@ class RotaryEmbedding(PositionEncoding):
         """Rotate queries and keys at positions offset, offset+1, … (Eq. 34)."""
         # One table lookup for both, and no module call: a decoding step is
         # all overhead, the tensors being a single position each.
-        cos, sin = cos_sin(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
-        return apply_rotary(q, cos, sin, self.layout), apply_rotary(k, cos, sin, self.layout)
+        angles = _cached_angles(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
+        return _apply(q, *angles, self.layout), _apply(k, *angles, self.layout)
