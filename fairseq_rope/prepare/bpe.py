@@ -20,7 +20,7 @@ import sentencepiece as spm
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
-from fairseq_rope.prepare.files import PathLike, open_text
+from fairseq_rope.prepare.files import PathLike, PrepareError, open_text
 from fairseq_rope.prepare.multiproc import DEFAULT_CHUNK_LINES, imap_chunks
 from fairseq_rope.prepare.text import normalize_whitespace
 
@@ -66,7 +66,17 @@ def learn_subword_nmt(
         else:
             out.write("#version: 0.2\n")
     with open_text(codes) as f:
-        return sum(1 for line in f if not line.startswith("#version"))
+        merges = sum(1 for line in f if not line.startswith("#version"))
+    if not merges:
+        # subword-nmt cannot even load a codes file without merges (it exits).
+        symbols = {w[-1] for w in counts} | {c for w in counts for c in w[:-1]}
+        raise PrepareError(
+            f"subword-nmt learned no BPE merges for --vocab-size {vocab_size}: the training "
+            f"text has {len(symbols)} distinct characters (word-internal and word-final), which "
+            f"the vocabulary counts too, and no pair occurring twice beyond them; choose a "
+            f"--vocab-size above {len(symbols)} (or --bpe sentencepiece)"
+        )
+    return merges
 
 
 def learn_sentencepiece(

@@ -54,6 +54,18 @@ def test_no_tokenize_and_optional_test_set(tmp_path):
     assert (out / "data-bin" / "valid.en-fr.en.bin").exists()
 
 
+def test_a_vocabulary_smaller_than_the_alphabet_fails_clearly(tmp_path):
+    train, dev, test = corpus(tmp_path, n_train=40)
+    result = run_cli("parallel", "--src", "en", "--tgt", "fr", "--trainpref", train, "--validpref", dev,
+                     "--vocab-size", 10, tmp_path / "out")
+    assert result.rc == 1
+    assert "subword-nmt learned no BPE merges for --vocab-size 10: the training text has" in result.err
+    assert "choose a --vocab-size above" in result.err
+    # The finished steps stay for a rerun to resume; the failed one left nothing.
+    assert not (tmp_path / "out" / "bpe" / "codes").exists()
+    assert not list((tmp_path / "out").rglob("*.tmp*"))
+
+
 def test_misaligned_files_fail_naming_both(tmp_path):
     train, dev, test = corpus(tmp_path, n_train=40)
     Path(f"{dev}.fr").write_text("".join(f"ligne {i}\n" for i in range(29)), encoding="utf-8")
