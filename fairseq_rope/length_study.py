@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from fairseq_rope import atomic
 from fairseq_rope.demo_corpus import Pair, generate_pairs
+from fairseq_rope.prepare.files import PrepareError
 from fairseq_rope.scoring import (
     TOKENIZED_CONVENTION,
     ScoringError,
@@ -259,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         generate_output = resolve_generate_output(args.input, args.subset)
         report = length_report(generate_output, args.edges, args.source_file)
-    except (ScoringError, OSError) as e:
+    except (ScoringError, PrepareError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     output = Path(args.output) if args.output else generate_output.parent / "bleu_by_length.json"

@@ -90,6 +90,17 @@ def test_cli_missing_input_is_an_error(tmp_path, capsys):
     assert "no fairseq-generate output" in capsys.readouterr().err
 
 
+def test_cli_non_utf8_source_file_names_the_line(tmp_path, capsys):
+    generate = tmp_path / "generate-test.txt"
+    generate.write_text("S-0\tein Haus\nT-0\ta house\nH-0\t-0.1\ta house\n", encoding="utf-8")
+    source = tmp_path / "test.de"
+    source.write_bytes(b"\xffein Haus\n")
+    assert length_study.main([str(generate), "--source-file", str(source)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(source) in err and "line 1" in err
+    assert not (tmp_path / "bleu_by_length.json").exists()
+
+
 def test_length_corpus_is_short_in_training_bucketed_in_test_and_disjoint():
     spec = LengthCorpus(max_train_len=6, bucket_width=3, num_buckets=4, per_bucket=20,
                         train=300, valid=30, max_depth=3)
