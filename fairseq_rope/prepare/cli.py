@@ -1,7 +1,7 @@
-"""Command line: ``python -m fairseq_rope.prepare.cli {wmt14,parallel} [options] OUT_DIR``.
+"""Command line: ``python -m fairseq_rope.prepare.cli {wmt14,multi30k,parallel} [options] OUT_DIR``.
 
-The shell entry points ``scripts/prepare_wmt14_en_de.sh`` and
-``scripts/prepare_parallel.sh`` call this. Problems with the data exit with
+The shell entry points ``scripts/prepare_wmt14_en_de.sh``,
+``scripts/prepare_multi30k.sh`` and ``scripts/prepare_parallel.sh`` call this. Problems with the data exit with
 status 1 and a one-paragraph ``error:`` message instead of a traceback.
 
 Rerunning a command resumes it, and skips what is done. An OUT_DIR holding a
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from fairseq_rope.prepare import recipes
+from fairseq_rope.prepare import multi30k, recipes
 from fairseq_rope.prepare.archives import WMT14_ARCHIVES, WMT14_EN_DE, ensure_archives
 from fairseq_rope.prepare.bpe import METHODS, SUBWORD_NMT
 from fairseq_rope.prepare.files import PrepareError
@@ -45,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--bpe", choices=METHODS, default=SUBWORD_NMT,
                         help="joint subword model: subword-nmt BPE or a SentencePiece BPE model "
                         "(default: %(default)s)")
-    common.add_argument("--vocab-size", type=_positive, default=37000,
+    common.add_argument("--vocab-size", type=_positive,
                         help="target joined vocabulary size; smaller corpora stop earlier "
-                        "(default: %(default)s)")
+                        f"(default: 37000; multi30k: {multi30k.DEFAULT_VOCAB_SIZE})")
     common.add_argument("--workers", type=_positive, default=os.cpu_count() or 1,
                         help="worker processes; outputs do not depend on it "
                         "(default: all cores, %(default)s)")
@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "downloaded into it (default: OUT_DIR/orig)")
     wmt.add_argument("--offline", action="store_true", help="never download: a missing archive is an error")
 
+    m30k = sub.add_parser("multi30k", parents=[common], help="Multi30k English-German, task 1 (train, val, "
+                          "test_2016_flickr), checked against the published checksums")
+    m30k.add_argument("--raw-dir", type=Path, help="directory with the six release files "
+                      "(train/val/test_2016_flickr.{en,de}.gz); missing ones are downloaded into it "
+                      "(default: OUT_DIR/orig)")
+    m30k.add_argument("--offline", action="store_true", help="never download: a missing file is an error")
+
     par = sub.add_parser("parallel", parents=[common], help="any raw parallel corpus given by file prefixes")
     par.add_argument("--src", required=True, help="source language suffix, e.g. en (files PREFIX.en)")
     par.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
@@ -83,22 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the recipe selected by ``args``; return the joined dictionary size."""
     out_dir: Path = args.out_dir.resolve()
-    wmt = args.command == "wmt14"
-    if not wmt and args.src == args.tgt:
+    parallel = args.command == "parallel"
+    if parallel and args.src == args.tgt:
         raise PrepareError("--src and --tgt must differ")
+    default_vocab = multi30k.DEFAULT_VOCAB_SIZE if args.command == "multi30k" else 37000
     opts = recipes.Options(
         out_dir=out_dir,
-        src="en" if wmt else args.src,
-        tgt="de" if wmt else args.tgt,
+        src=args.src if parallel else "en",
+        tgt=args.tgt if parallel else "de",
         bpe=args.bpe,
-        vocab_size=args.vocab_size,
+        vocab_size=args.vocab_size or default_vocab,
         workers=args.workers,
         chunk_lines=args.chunk_lines,
-        tokenize=True if wmt else args.tokenize,
-        has_test=True if wmt else args.testpref is not None,
+        tokenize=args.tokenize if parallel else True,
+        has_test=args.testpref is not None if parallel else True,
+        clean_train=args.command != "multi30k",
         log=log,
     )
-    name = "WMT14" if wmt else "parallel corpus"
+    name = {"wmt14": "WMT14", "multi30k": "Multi30k"}.get(args.command, "parallel corpus")
     log(f"{name} {opts.src}-{opts.tgt} → {out_dir} "
         f"({opts.bpe}, vocabulary {opts.vocab_size:,}, {opts.workers} workers)")
     created = not out_dir.exists()
@@ -107,10 +116,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         with pipeline.lock():
             first: Step
-            if wmt:
+            if args.command == "wmt14":
                 raw_dir = (args.raw_dir or out_dir / "orig").resolve()
                 archives = ensure_archives(raw_dir, WMT14_ARCHIVES, offline=args.offline, log=log)
                 first = recipes.wmt_extract_step(opts, WMT14_EN_DE, archives)
+            elif args.command == "multi30k":
+                raw_dir = (args.raw_dir or out_dir / "orig").resolve()
+                files = [f.archive for f in multi30k.release_files(multi30k.TASK1)]
+                paths = ensure_archives(raw_dir, files, offline=args.offline, log=log)
+                first = multi30k.import_step(opts, paths, multi30k.TASK1)
             else:
                 prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
                 first = recipes.import_step(opts, prefixes)

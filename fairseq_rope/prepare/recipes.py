@@ -7,7 +7,7 @@
     bpe/codes                   subword-nmt merges       (--bpe subword-nmt)
     bpe/spm.model, spm.vocab    SentencePiece BPE model  (--bpe sentencepiece)
     bpe/{split}.{lang}          subword-segmented text
-    bpe/train.clean.{lang}      cleaned training pairs
+    bpe/train.clean.{lang}      cleaned training pairs (not for curated corpora: Multi30k)
     data-bin/                   fairseq-preprocess output (joined dict.{src,tgt}.txt)
     .done/STEP.done             completion markers (+ hashes.json: input hash cache, lock)
 
@@ -59,6 +59,9 @@ class Options:
     chunk_lines: int = DEFAULT_CHUNK_LINES
     tokenize: bool = True
     has_test: bool = True
+    #: Drop training pairs outside CLEAN_OPTIONS (noisy web-crawled corpora such
+    #: as WMT); off for curated corpora, whose every pair is a translation.
+    clean_train: bool = True
     log: Callable[[str], None] = print
 
     @property
@@ -83,7 +86,8 @@ class Options:
         return self.out_dir / "bpe" / f"{split}.{lang}"
 
     def clean(self, lang: str) -> Path:
-        return self.out_dir / "bpe" / f"train.clean.{lang}"
+        """The training text that is binarized: cleaned, or as segmented without cleaning."""
+        return self.out_dir / "bpe" / f"train.clean.{lang}" if self.clean_train else self.bpe_text("train", lang)
 
     @property
     def bpe_model_files(self) -> List[Path]:
@@ -301,7 +305,8 @@ def binarize_step(opts: Options) -> Step:
 
 def _binarize(opts: Options, tmps: List[Path]) -> None:
     prefix = opts.out_dir / "bpe"
-    binarize(opts.src, opts.tgt, tmps[0], prefix / "train.clean", prefix / "valid",
+    train = opts.clean(opts.src).with_suffix("")
+    binarize(opts.src, opts.tgt, tmps[0], train, prefix / "valid",
              prefix / "test" if opts.has_test else None, workers=opts.workers)
 
 
@@ -311,7 +316,7 @@ def common_steps(opts: Options) -> List[Step]:
         *tokenize_steps(opts),
         learn_bpe_step(opts),
         *apply_bpe_steps(opts),
-        clean_step(opts),
+        *([clean_step(opts)] if opts.clean_train else []),
         binarize_step(opts),
     ]
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Prepare Multi30k English-German (task 1) for fairseq: the six published files
+# (train, val, test_2016_flickr; checked against their SHA-256 and line counts),
+# Moses normalization and tokenization, joint BPE (10k vocabulary by default),
+# cleaning of the training set, fairseq-preprocess --joined-dictionary;
+# raw/test.de is kept as the sacreBLEU reference.
+#
+# usage: scripts/prepare_multi30k.sh [--raw-dir DIR] [--offline]
+#            [--bpe subword-nmt|sentencepiece] [--vocab-size 10000] [--workers N] OUT_DIR
+#
+# Files missing from --raw-dir (default OUT_DIR/orig) are downloaded from
+# github.com/multi30k/dataset (data/task1/raw/). Reruns skip finished steps.
+# Python: see scripts/env.sh.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+exec "$PYTHON" -m fairseq_rope.prepare.cli multi30k "$@"
