@@ -49,6 +49,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
             embed_dim, num_heads, dropout=dropout, self_attention=True, **kwargs
         )
         self.position_encoding = position_encoding
+        # Encodings are built from the head dimension alone; per-head parameters need H too.
+        position_encoding.bind_heads(num_heads)
 
     def forward(
         self,

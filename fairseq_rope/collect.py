@@ -24,7 +24,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import atomic
 from fairseq_rope.experiment import ConfigError, load_experiment
+from fairseq_rope.prepare.pipeline import sha256_file
+from fairseq_rope.scoring import RUNAWAY_RATIO, read_lines
+from fairseq_rope.significance import N_SAMPLES, paired_bootstrap
 from fairseq_rope.table import (
+    RECORDS,
     REPO,
     ROWS,
     SCALES,
@@ -32,15 +36,20 @@ from fairseq_rope.table import (
     Scale,
     config_name,
     finished_runs,
+    record_hypotheses,
     scale_dir,
 )
 
 Runs = Dict[str, List[Dict[str, Any]]]  # row name -> its runs' run.json, in seed order
 NOT_RUN = "not run"
 MISSING = "—"
+BASELINE = "sinusoidal"
 BLEU_NOTE = (
     "BLEU of the average of the last 5 checkpoints, beam 4, length penalty 0.6: tokenized "
-    "BLEU with compound splitting (the paper's convention) and sacreBLEU on detokenized output. "
+    "BLEU with compound splitting (the paper's convention), sacreBLEU and chrF (sacrebleu's "
+    "defaults) on detokenized output. Runaways: per seed, hypotheses longer than "
+    f"{RUNAWAY_RATIO}× their reference (tokenized words) / hypotheses stopped by the decoder's "
+    "length limit (fairseq's max-len-b 200 subwords) instead of EOS. "
     "Each cell: mean ± sample standard deviation over seeds, then every seed's value in seed "
     "order in brackets (one value when there is one seed, or all seeds agree). Parameters: "
     "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
@@ -110,23 +119,132 @@ def model_cell(row: Row, scale: Scale, runs: Sequence[Dict[str, Any]]) -> str:
 def main_table(scale: Scale, runs: Runs) -> List[str]:
     unit, seconds = wall_time_unit(runs)
     paper = "paper BLEU (WMT14 newstest2014)" + ("" if scale.paper_comparable else ", not comparable")
-    header = ["row", "model", "seeds", "BLEU (tokenized, compound-split)", "sacreBLEU", paper,
-              "parameters", "train tokens/s", f"train wall time ({unit})", "updates"]
+    header = ["row", "model", "seeds", "BLEU (tokenized, compound-split)", "sacreBLEU", "chrF", paper,
+              f"runaways (> {RUNAWAY_RATIO}× ref / at length limit)", "parameters", "train tokens/s",
+              f"train wall time ({unit})", "updates"]
     lines = []
     for name, row in ROWS.items():
         rs = runs[name]
         if not rs:
-            lines.append([name, model_cell(row, scale, rs), NOT_RUN, NOT_RUN, NOT_RUN, row.paper,
-                          MISSING, MISSING, MISSING, MISSING])
+            lines.append([name, model_cell(row, scale, rs), NOT_RUN, NOT_RUN, NOT_RUN, NOT_RUN, row.paper,
+                          MISSING, MISSING, MISSING, MISSING, MISSING])
             continue
         lines.append([
             name, model_cell(row, scale, rs), ", ".join(str(r["seed"]) for r in rs),
-            cell(values(rs, "bleu_tokenized"), _bleu), cell(values(rs, "sacrebleu"), _bleu), row.paper,
+            cell(values(rs, "bleu_tokenized"), _bleu), cell(values(rs, "sacrebleu"), _bleu),
+            cell(values(rs, "chrf"), _bleu), row.paper, runaway_cell(rs),
             cell(values(rs, "parameters"), _count), cell(values(rs, "train_tokens_per_second"), _count),
             cell(values(rs, "train_wall_seconds", seconds), lambda v: f"{v:.1f}"),
             cell(values(rs, "num_updates"), _count),
         ])
     return markdown_table(header, lines)
+
+
+def runaway_counts(run: Dict[str, Any]) -> Tuple[Optional[int], Optional[int]]:
+    """(hypotheses longer than RUNAWAY_RATIO x their reference, hypotheses stopped by the length limit)."""
+    counts = run.get("runaways") or {}
+    return counts.get("longer_than_ratio"), counts.get("at_length_limit")
+
+
+def runaway_cell(runs: Sequence[Dict[str, Any]]) -> str:
+    """Each seed's counts, ``long/limit``, in seed order (``—`` where not measured)."""
+    pairs = [runaway_counts(r) for r in runs]
+    if all(p == (None, None) for p in pairs):
+        return MISSING
+    return ", ".join("/".join(MISSING if n is None else str(n) for n in p) for p in pairs)
+
+
+# --- Significance
+
+
+def significance_table(runs: Runs) -> List[str]:
+    """sacrebleu's paired bootstrap of every row against the sinusoidal baseline.
+
+    Per seed: a row's seed-N run against the baseline's seed-N run. Pooled: the
+    test sets of all the seeds both have, concatenated (each system's seed-N
+    hypotheses against the same references), so that a difference that holds
+    across training seeds gets one p-value.
+    """
+    intro = [
+        f"sacrebleu's paired bootstrap resampling (`--paired-bs`, {N_SAMPLES} resamples, "
+        f"its fixed seed) of each row against `{BASELINE}`, on detokenized test hypotheses and "
+        "raw references; p-values for sacreBLEU and chrF. Per seed: the runs of equal seed. "
+        "Pooled: the test sets of all the seeds both rows have, concatenated.",
+        "",
+    ]
+    baseline = {r["seed"]: r for r in runs[BASELINE]}
+    header = ["row", "seeds", f"sacreBLEU ({BASELINE} → row)", "p (sacreBLEU)",
+              f"chrF ({BASELINE} → row)", "p (chrF)"]
+    lines, notes = [], []
+    references = _References()
+    for name in ROWS:
+        if name == BASELINE:
+            continue
+        pairs = [(r, baseline[r["seed"]]) for r in runs[name] if r["seed"] in baseline]
+        if not pairs:
+            lines.append([name, MISSING, NOT_RUN, MISSING, NOT_RUN, MISSING])
+            continue
+        groups = [([pair], str(pair[0]["seed"])) for pair in pairs]
+        if len(pairs) > 1:
+            groups.append((pairs, "pooled " + "+".join(str(r["seed"]) for r, _ in pairs)))
+        for group, label in groups:
+            texts, why = _paired_texts(group, references)
+            if texts is None:
+                lines.append([name, label, f"unavailable ({why})", MISSING, MISSING, MISSING])
+                continue
+            test = paired_bootstrap(*texts)
+            bleu, chrf = test["BLEU"], test["chrF2"]
+            lines.append([name, label, f"{bleu['baseline']:.2f} → {bleu['system']:.2f}",
+                          _p(bleu["p_value"]), f"{chrf['baseline']:.2f} → {chrf['system']:.2f}",
+                          _p(chrf["p_value"])])
+            notes = [f"Signatures: BLEU `{bleu['signature']}`, chrF `{chrf['signature']}`."]
+    if not runs[BASELINE]:
+        return intro + [f"No finished `{BASELINE}` run to compare against."]
+    return intro + markdown_table(header, lines) + ([""] + notes if notes else [])
+
+
+def _p(value: float) -> str:
+    return f"{value:.3f}" + (" *" if value < 0.05 else "")
+
+
+class _References:
+    """Raw references by path, read once, checked against the checksum each run recorded."""
+
+    def __init__(self) -> None:
+        self._lines: Dict[str, List[str]] = {}
+
+    def get(self, run: Dict[str, Any]) -> Tuple[Optional[List[str]], str]:
+        path, expected = run.get("raw_reference"), run.get("raw_reference_sha256")
+        if not path or not expected:
+            return None, "the run recorded no raw reference"
+        if not Path(path).is_file():
+            return None, f"reference {path} not found: prepare the scale's data"
+        if path not in self._lines:
+            if sha256_file(Path(path)) != expected:
+                return None, f"{path} is not the reference the run was scored against (checksum)"
+            self._lines[path] = read_lines(path)
+        return self._lines[path], ""
+
+
+def _paired_texts(pairs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], references: _References
+                  ) -> Tuple[Optional[Tuple[List[str], List[str], List[str]]], str]:
+    """(baseline hypotheses, row hypotheses, references), concatenated over ``pairs``; or (None, why)."""
+    base, system, refs = [], [], []
+    for run, base_run in pairs:
+        if run.get("raw_reference_sha256") != base_run.get("raw_reference_sha256"):
+            return None, f"seed {run['seed']}: the runs were scored against different references"
+        ref, why = references.get(run)
+        hyps = [record_hypotheses(r) for r in (base_run, run)]
+        if ref is None:
+            return None, why
+        if any(h is None for h in hyps):
+            return None, f"seed {run['seed']}: no saved hypotheses"
+        if any(len(h) != len(ref) for h in hyps):
+            return None, f"seed {run['seed']}: hypotheses and references differ in number"
+        base += hyps[0]
+        system += hyps[1]
+        refs += ref
+    return (base, system, refs), ""
 
 
 def runs_table(runs: Runs) -> List[str]:
@@ -160,20 +278,24 @@ def bucket_bleus(run: Dict[str, Any]) -> Dict[str, Optional[float]]:
 
 def length_table(scale: Scale, runs: Runs) -> List[str]:
     """BLEU per source-length bucket, one line per row; † marks buckets longer than any training sentence."""
-    assert scale.length_study is not None
-    spec = scale.length_study
+    assert scale.bucket_edges
     buckets = length_buckets(runs)
-    intro = [
-        f"Trained on sentences of at most {spec.max_train_len} source words; tested on "
-        f"{spec.per_bucket} sentences per bucket of source length in words of the raw English "
-        "(whitespace-separated, punctuation attached). Tokenized compound-split BLEU per bucket; "
-        "† = longer than every training sentence.",
-        "",
-    ]
+    unit = ("source length in words of the raw English (whitespace-separated, punctuation "
+            "attached), n = test sentences in the bucket. Tokenized compound-split BLEU per bucket")
+    if scale.length_study is not None:
+        intro = [f"Trained on sentences of at most {scale.max_train_len} source words; tested on "
+                 f"{scale.length_study.per_bucket} sentences per bucket of {unit}; "
+                 "† = longer than every training sentence.", ""]
+    elif scale.max_train_words is not None:
+        intro = [f"Trained on the training pairs of at most {scale.max_train_words} source words; "
+                 f"tested on the whole test set, by {unit}; † = longer than every training sentence.", ""]
+    else:
+        intro = [f"The whole test set by {unit}.", ""]
     if not buckets:
         return intro + ["No finished runs with BLEU by length."]
+    longer = scale.max_train_len
     header = ["row"] + [
-        f"{b['bucket']}{' †' if b['low'] >= spec.max_train_len else ''} (n={b['sentences']})"
+        f"{b['bucket']}{' †' if longer is not None and b['low'] >= longer else ''} (n={b['sentences']})"
         for b in buckets
     ]
     lines = []
@@ -219,14 +341,16 @@ def _shown_path(path: Any) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path]) -> str:
+def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path],
+                    records: Path) -> str:
     n = sum(len(rs) for rs in runs.values())
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
     out = [
         f"# The RoFormer table, scale `{scale.name}`",
         "",
         f"Scale: {scale.title}. Written by `scripts/reproduce_table.sh collect --scale {scale.name}` "
-        f"from {n} finished run(s) in `{_shown_path(scale_dir(work_dir, scale))}` ({now}); "
+        f"from {n} finished run(s) recorded in `{_shown_path(records)}` ({now}; the runs of "
+        f"`{_shown_path(scale_dir(work_dir, scale))}` are recorded there first); "
         "rerun it rather than editing this file.",
         "",
     ]
@@ -237,10 +361,13 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
     out += main_table(scale, runs) + ["", BLEU_NOTE, ""]
     out += [f"![validation loss]({plots['valid_loss'].name}) ![BLEU]({plots['bleu'].name})", ""]
     for study in SCALES.values():  # the length study of the same models, if any
-        if study.size == scale.size and study.length_study is not None and study is not scale:
+        if study.size == scale.size and study.is_length_study and study is not scale:
             out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
-    if scale.length_study is not None:
-        out += ["## Length extrapolation", ""] + length_table(scale, runs)
+    if scale.data != "demo":
+        out += ["## Significance", ""] + significance_table(runs) + [""]
+    if scale.bucket_edges:
+        title = "Length extrapolation" if scale.is_length_study else "BLEU by source length"
+        out += [f"## {title}", ""] + length_table(scale, runs)
         out += ["", f"![BLEU by length]({plots['bleu_by_length'].name})", ""]
     out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(runs)
     return "\n".join(out) + "\n"
@@ -324,7 +451,7 @@ def plot_bleu(scale: Scale, runs: Runs, path: Path) -> None:
 
 
 def plot_bleu_by_length(scale: Scale, runs: Runs, path: Path) -> None:
-    assert scale.length_study is not None
+    assert scale.bucket_edges
     fig, ax = _axes()
     buckets, colors = length_buckets(runs), _row_colors()
     labels = [b["bucket"] for b in buckets]
@@ -338,10 +465,11 @@ def plot_bleu_by_length(scale: Scale, runs: Runs, path: Path) -> None:
                         yerr=[s or 0 for _, _, s in stats], marker="o", capsize=4,
                         label=name, color=colors[name])
     if buckets:
-        trained = sum(b["low"] < scale.length_study.max_train_len for b in buckets)
-        ax.axvline(trained - 0.5, color="gray", linestyle="--")
-        ax.text(trained - 0.45, 0.02, " longer than training", transform=ax.get_xaxis_transform(),
-                color="gray", fontsize="small")
+        if scale.max_train_len is not None:
+            trained = sum(b["low"] < scale.max_train_len for b in buckets)
+            ax.axvline(trained - 0.5, color="gray", linestyle="--")
+            ax.text(trained - 0.45, 0.02, " longer than training", transform=ax.get_xaxis_transform(),
+                    color="gray", fontsize="small")
         ax.set_xticks(range(len(labels)), labels)
     _finish(fig, ax, path, bool(buckets), xlabel="source length (raw English words)",
             ylabel="BLEU (tokenized, compound-split)", title=f"BLEU by source length, scale {scale.name}")
@@ -351,15 +479,19 @@ def plot_bleu_by_length(scale: Scale, runs: Runs, path: Path) -> None:
 
 
 def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
-    """Write ``<scale>.md`` and its plots into ``out_dir``; returns the written files."""
-    runs = finished_runs(work_dir, scale)
+    """Write ``<scale>.md`` and its plots into ``out_dir``; returns the written files.
+
+    The finished runs of ``work_dir`` are saved as records in ``out_dir/runs/``
+    first, and the table is made from every record there.
+    """
+    runs = finished_runs(work_dir, scale, out_dir / RECORDS)
     plots = {"valid_loss": out_dir / f"{scale.name}_valid_loss.png",
              "bleu": out_dir / f"{scale.name}_bleu.png"}
     plot_valid_loss(scale, runs, plots["valid_loss"])
     plot_bleu(scale, runs, plots["bleu"])
-    if scale.length_study is not None:
+    if scale.bucket_edges:
         plots["bleu_by_length"] = out_dir / f"{scale.name}_bleu_by_length.png"
         plot_bleu_by_length(scale, runs, plots["bleu_by_length"])
     table = out_dir / f"{scale.name}.md"
-    atomic.write_text(table, render_markdown(scale, runs, work_dir, plots))
+    atomic.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name))
     return [table, *plots.values()]

@@ -19,8 +19,12 @@ of either
 ``scripts/bleu_by_length.py GENERATE_OUTPUT|EVAL_DIR [--edges 10,20,30]
 [--source-file FILE]`` prints the table and writes it as JSON.
 
-Length-extrapolation corpus
----------------------------
+Length-extrapolation corpora
+----------------------------
+:func:`write_short_pairs` keeps a real corpus's training and validation pairs
+of at most ``N`` source words and its whole test set (the ``multi30k-length``
+scale).
+
 :func:`write_length_corpus` draws, from the demo corpus's grammar at one
 ``max_depth``, a training and validation set of sentences of at most ``L``
 source words and a test set with the same number of sentences in each length
@@ -41,6 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from fairseq_rope import atomic
 from fairseq_rope.demo_corpus import Pair, generate_pairs
 from fairseq_rope.prepare.files import PrepareError
+from fairseq_rope.prepare.pipeline import sha256_file
 from fairseq_rope.scoring import (
     TOKENIZED_CONVENTION,
     ScoringError,
@@ -224,6 +229,36 @@ def write_length_corpus(out_dir: PathLike, spec: LengthCorpus = LengthCorpus()) 
         atomic.write_lines(out / f"{split}.de", [de for _, de in pairs])
     atomic.write_json(marker, settings)
     return out
+
+
+def write_short_pairs(raw_dir: PathLike, out_dir: PathLike, max_words: int) -> Path:
+    """Copy a prepared corpus's raw splits, keeping only the training and validation pairs
+    of at most ``max_words`` source words; the test set stays whole.
+
+    Reads ``raw_dir/{train,valid,test}.{en,de}`` (a preparation's ``raw/``) and
+    writes the same names plus ``corpus.json`` (last) into ``out_dir``, unless
+    they are there already from the same inputs and ``max_words``.
+    """
+    raw, out = Path(raw_dir), Path(out_dir)
+    settings = {"source": str(raw.resolve()), "max_train_words": max_words,
+                "sha256": {f.name: sha256_file(f) for f in sorted(raw.glob("*.en")) + sorted(raw.glob("*.de"))}}
+    marker = out / CORPUS_SETTINGS
+    if marker.is_file() and _without(json.loads(marker.read_text(encoding="utf-8")), "pairs") == settings:
+        return out
+    kept = {}
+    for split in ("train", "valid", "test"):
+        pairs = list(zip(read_lines(raw / f"{split}.en"), read_lines(raw / f"{split}.de")))
+        if split != "test":
+            pairs = [(en, de) for en, de in pairs if len(en.split()) <= max_words]
+        atomic.write_lines(out / f"{split}.en", [en for en, _ in pairs])
+        atomic.write_lines(out / f"{split}.de", [de for _, de in pairs])
+        kept[split] = len(pairs)
+    atomic.write_json(marker, {**settings, "pairs": kept})
+    return out
+
+
+def _without(mapping: Dict[str, Any], key: str) -> Dict[str, Any]:
+    return {k: v for k, v in mapping.items() if k != key}
 
 
 # --- Command line

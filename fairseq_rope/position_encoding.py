@@ -25,6 +25,9 @@ class PositionEncoding(nn.Module):
     #: out fused attention kernels that never materialize them.
     needs_probabilities: bool = False
 
+    def bind_heads(self, num_heads: int) -> None:
+        """Told by the owning attention module its number of heads (for per-head parameters)."""
+
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
         return q, k
 

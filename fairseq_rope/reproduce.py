@@ -41,7 +41,9 @@ from fairseq_rope.checkpoints import load_checkpoint
 from fairseq_rope.cli import split_passthrough
 from fairseq_rope.demo_corpus import write_corpus
 from fairseq_rope.experiment import load_experiment, resolve_config
-from fairseq_rope.length_study import length_report, write_length_corpus
+from fairseq_rope.length_study import length_report, write_length_corpus, write_short_pairs
+from fairseq_rope.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
+from fairseq_rope.prepare.pipeline import sha256_file
 from fairseq_rope.scoring import infer_language_pair
 from fairseq_rope.table import (
     DEFAULT_RESULTS_DIR,
@@ -107,23 +109,30 @@ class TrainLog:
 def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) -> Path:
     """Prepare the scale's data unless done (every step resumes); return its data-bin."""
     out = data_dir(work_dir, scale)
-    if scale.name == "wmt14":
+    if scale.data in ("wmt14", "multi30k") and scale.max_train_words is None:
         # data-bin/ appears atomically as the last step. Once it is there, do not
-        # rerun the preparation without --raw-dir: it would look for the archives
-        # in OUT/orig and download them if they were read from elsewhere.
+        # rerun the preparation without --raw-dir: it would look for the release
+        # files in OUT/orig and download them if they were read from elsewhere.
         if (out / "data-bin").is_dir() and raw_dir is None:
-            print(f"WMT14 data already prepared in {out}", file=sys.stderr)
+            print(f"{scale.data} data already prepared in {out}", file=sys.stderr)
         else:
-            _run([SCRIPTS / "prepare_wmt14_en_de.sh", *(["--raw-dir", raw_dir] if raw_dir else []), out])
+            script = "prepare_wmt14_en_de.sh" if scale.data == "wmt14" else "prepare_multi30k.sh"
+            _run([SCRIPTS / script, *(["--raw-dir", raw_dir] if raw_dir else []), out])
         return out / "data-bin"
     corpus = scale_dir(work_dir, scale) / "corpus"
-    if scale.length_study is not None:
+    vocab_size, clean = DEMO_VOCAB_SIZE, True
+    if scale.data == "multi30k":  # a length study: the short pairs of the full corpus
+        full = prepare_data(get_scale(scale.data), work_dir, raw_dir).parent / "raw"
+        write_short_pairs(full, corpus, scale.max_train_words)
+        vocab_size, clean = MULTI30K_VOCAB_SIZE, False
+    elif scale.length_study is not None:
         write_length_corpus(corpus, scale.length_study)
     elif not (corpus / "test.de").is_file():  # write_corpus writes test.de last
         write_corpus(corpus, DEMO_CORPUS["train"], DEMO_CORPUS["valid"], DEMO_CORPUS["test"])
     _run([SCRIPTS / "prepare_parallel.sh", "--src", "en", "--tgt", "de",
-          "--vocab-size", str(DEMO_VOCAB_SIZE), "--trainpref", corpus / "train",
-          "--validpref", corpus / "valid", "--testpref", corpus / "test", out])
+          "--vocab-size", str(vocab_size), *([] if clean else ["--no-clean"]),
+          "--trainpref", corpus / "train", "--validpref", corpus / "valid",
+          "--testpref", corpus / "test", out])
     return out / "data-bin"
 
 
@@ -258,7 +267,12 @@ def summarize_run(
         "sacrebleu": results.get("sacrebleu"),
         "bleu_tokenized_signature": results.get("bleu_tokenized_signature"),
         "sacrebleu_signature": results.get("sacrebleu_signature"),
+        "chrf": results.get("chrf"),
+        "chrf_signature": results.get("chrf_signature"),
+        "runaways": results.get("runaways"),
         "num_test_sentences": results.get("num_sentences"),
+        "raw_reference": results.get("raw_reference"),
+        "raw_reference_sha256": _sha256(results.get("raw_reference")),
         "checkpoint": results["checkpoint"],
         "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
         "reproduce_command": command_line,
@@ -268,6 +282,10 @@ def summarize_run(
         summary["bleu_by_length"] = length
     atomic.write_json(summary_path(save_dir), summary)
     return summary
+
+
+def _sha256(path: Optional[str]) -> Optional[str]:
+    return sha256_file(Path(path)) if path and Path(path).is_file() else None
 
 
 def _wall_time(log: TrainLog, timer_seconds: Optional[float]) -> Dict[str, Any]:
@@ -297,11 +315,11 @@ def _read_json(path: Path) -> Dict[str, Any]:
 
 def length_results(scale: Scale, save_dir: Path, data_bin: Path) -> Dict[str, Any]:
     """BLEU per source-length bucket (raw English words) of the evaluated test set."""
-    assert scale.length_study is not None
-    report = length_report(save_dir / "eval" / "generate-test.txt", scale.length_study.edges,
+    assert scale.bucket_edges
+    report = length_report(save_dir / "eval" / "generate-test.txt", scale.bucket_edges,
                            source_file=data_bin.parent / "raw" / "test.en")
     atomic.write_json(save_dir / "eval" / "bleu_by_length.json", report)
-    return {**report, "max_train_len": scale.length_study.max_train_len,
+    return {**report, "max_train_len": scale.max_train_len,
             "longest_training_pair_tokens": longest_training_pair(data_bin)}
 
 
@@ -314,15 +332,16 @@ def reproduce_row(
     if bad:
         raise TableError(f"{bad[0]} cannot be an extra fairseq-train argument: "
                          "reproduce_table.sh sets it (use --seed / --work-dir)")
-    if raw_dir is not None and scale.name != "wmt14":
-        raise TableError(f"--raw-dir is for scale wmt14; scale {scale.name} generates its corpus")
+    if raw_dir is not None and scale.data not in ("wmt14", "multi30k"):
+        raise TableError(f"--raw-dir is for the wmt14 and multi30k scales; scale {scale.name} "
+                         "generates its corpus")
     config = resolve_config(config_name(row, scale))
     data_bin = prepare_data(scale, work_dir, raw_dir)
     save_dir = run_dir(work_dir, scale, row, seed)
     seconds = train(config, data_bin, save_dir, seed, extra)
     if seconds is not None or not (save_dir / "eval" / "results.json").is_file():
         evaluate(save_dir, data_bin)
-    length = length_results(scale, save_dir, data_bin) if scale.length_study else None
+    length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
     command = reproduce_command(row, scale, seed, extra, work_dir)
     return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length)
 
@@ -346,7 +365,9 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("row", metavar="ROW", help=f"one of {', '.join(ROWS)}")
     _add_common(parser)
     parser.add_argument("--seed", type=int, default=1, help="training seed (default: 1)")
-    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives")
+    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives; multi30k, "
+                        "multi30k-length: directory with the six Multi30k release files "
+                        "(default: download them)")
     return parser
 
 

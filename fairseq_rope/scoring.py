@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesDetokenizer
 
@@ -49,6 +49,8 @@ PathLike = Union[str, os.PathLike]
 GENERATE_LINE = re.compile(r"([STHDP])-(\d+)\t(.*)")
 COMPOUND = re.compile(r"(\S)-(\S)")
 COMPOUND_SPLIT = r"\1 ##AT##-##AT## \2"
+#: A hypothesis longer than this many times its reference counts as a runaway.
+RUNAWAY_RATIO = 1.5
 TOKENIZED_CONVENTION = (
     "tokenized BLEU (multi-bleu.perl / fairseq-score equivalent: sacrebleu tokenize=none, "
     "smooth=none) on Moses-tokenized, BPE-removed text with compound splitting "
@@ -69,6 +71,8 @@ class Translation:
     score: float
     source: Optional[str] = None
     reference: Optional[str] = None
+    #: Subword tokens of the hypothesis before EOS (from its P- line), if printed.
+    subwords: Optional[int] = None
 
 
 def parse_generate_output(lines: Iterable[str]) -> List[Translation]:
@@ -80,6 +84,7 @@ def parse_generate_output(lines: Iterable[str]) -> List[Translation]:
     sources: Dict[int, str] = {}
     references: Dict[int, str] = {}
     hypotheses: Dict[int, Tuple[float, str]] = {}
+    subwords: Dict[int, int] = {}
     for line in lines:
         m = GENERATE_LINE.fullmatch(line.rstrip("\r\n"))
         if m is None:
@@ -92,13 +97,15 @@ def parse_generate_output(lines: Iterable[str]) -> List[Translation]:
         elif tag == "H" and sid not in hypotheses:
             score, _, text = rest.partition("\t")
             hypotheses[sid] = (float(score), text)
+        elif tag == "P" and sid not in subwords:  # one score per subword, then EOS's
+            subwords[sid] = len(rest.split()) - 1
     if not hypotheses:
         raise ScoringError("no hypotheses (H-<id> lines) in the generate output")
     orphans = sorted(set(references) - set(hypotheses))
     if orphans:
         raise ScoringError(f"references without hypotheses, e.g. id {orphans[0]}")
     return [
-        Translation(sid, text, score, sources.get(sid), references.get(sid))
+        Translation(sid, text, score, sources.get(sid), references.get(sid), subwords.get(sid))
         for sid, (score, text) in sorted(hypotheses.items())
     ]
 
@@ -132,6 +139,46 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> Tup
     """Convention (b): sacreBLEU with default settings on detokenized text; (score, signature)."""
     metric = BLEU()
     return metric.corpus_score(list(hypotheses), [list(references)]), str(metric.get_signature())
+
+
+def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> Tuple[float, str]:
+    """chrF (sacrebleu's defaults: character 6-grams, beta 2) on detokenized text; (score, signature)."""
+    metric = CHRF()
+    return metric.corpus_score(list(hypotheses), [list(references)]).score, str(metric.get_signature())
+
+
+def runaways(translations: Sequence[Translation], length_limits: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """Hypotheses that ran away: longer than ``RUNAWAY_RATIO`` × their reference (tokenized
+    words, BPE removed), and those stopped by the decoder's length limit instead of EOS.
+
+    ``length_limits[id]`` is the most subword tokens decoding allowed sentence
+    ``id`` (fairseq: max-len-a × source length + max-len-b); the limit count
+    needs them and the hypotheses' P- lines.
+    """
+    long = [t.id for t in translations
+            if len(t.hypothesis.split()) > RUNAWAY_RATIO * max(1, len((t.reference or "").split()))]
+    at_limit: Optional[List[int]] = None
+    if length_limits is not None and all(t.subwords is not None for t in translations):
+        at_limit = [t.id for t in translations if t.subwords >= length_limits[t.id]]
+    return {
+        "ratio": RUNAWAY_RATIO,
+        "longer_than_ratio": len(long),
+        "longer_than_ratio_ids": long,
+        "at_length_limit": None if at_limit is None else len(at_limit),
+        "at_length_limit_ids": at_limit,
+    }
+
+
+def length_limits(source_tokens: Sequence[int], max_len_a: float, max_len_b: int) -> List[int]:
+    """Decoding limits in subwords before EOS: int(max_len_a × source tokens (EOS included) + max_len_b).
+
+    fairseq's SequenceGenerator takes the source length of the padded *batch*
+    (its longest source), so with ``max_len_a`` > 0 a sentence's real limit
+    can be higher than this own-length value: counts against it are an upper
+    bound on the hypotheses stopped by the limit. With ``max_len_a`` 0 (the
+    default) they are exact.
+    """
+    return [int(max_len_a * n + max_len_b) for n in source_tokens]
 
 
 def read_lines(path: PathLike) -> List[str]:
@@ -192,13 +239,22 @@ def check_raw_reference(path: PathLike, expected: int) -> List[str]:
 
 def subset_size(data_bin: PathLike, subset: str, source_lang: str, target_lang: str) -> int:
     """Number of sentences of a binarized subset (read with fairseq's own loader)."""
+    return len(subword_lengths(data_bin, subset, source_lang, target_lang, target_lang))
+
+
+def subword_lengths(data_bin: PathLike, subset: str, source_lang: str, target_lang: str,
+                    side: str) -> List[int]:
+    """Tokens (subwords and EOS) of each sentence of one side of a binarized subset."""
     from fairseq.data import data_utils
 
-    prefix = Path(data_bin) / f"{subset}.{source_lang}-{target_lang}.{target_lang}"
+    prefix = Path(data_bin) / f"{subset}.{source_lang}-{target_lang}.{side}"
     dataset = data_utils.load_indexed_dataset(str(prefix))
     if dataset is None:
         raise ScoringError(f"no binarized dataset {prefix}.{{bin,idx}}")
-    return len(dataset)
+    # Copy before the dataset (and the mmap its sizes view) goes away.
+    lengths = [int(n) for n in dataset.sizes]
+    del dataset
+    return lengths
 
 
 def check_complete(translations: Sequence[Translation], expected: int) -> None:
@@ -238,12 +294,14 @@ def evaluate_translations(
     detok_lang: Optional[str] = None,
     metadata: Optional[Dict[str, Any]] = None,
     expected_sentences: Optional[int] = None,
+    limits: Optional[Sequence[int]] = None,
 ) -> Dict[str, Any]:
     """Score under both conventions; write hypotheses, references and ``results.json`` to ``out_dir``.
 
     ``raw_reference`` (untokenized references, one per line in test-set order)
     enables the sacreBLEU score; a path that does not exist makes it unavailable.
     ``expected_sentences`` (the test set size) makes an incomplete translation an error.
+    ``limits``: each sentence's decoding length limit in subwords (see :func:`runaways`).
     """
     if expected_sentences is not None:
         check_complete(translations, expected_sentences)
@@ -268,14 +326,19 @@ def evaluate_translations(
         "bleu_tokenized_convention": TOKENIZED_CONVENTION,
         "sacrebleu": None,
         "sacrebleu_signature": None,
+        "chrf": None,
+        "chrf_signature": None,
+        "runaways": runaways(translations, limits),
     }
     raw_refs, unavailable = _raw_references(raw_reference, translations)
     if raw_refs is None:
         results["sacrebleu_unavailable"] = unavailable
     else:
         score, signature = sacrebleu_score(detok_hyps, raw_refs)
+        chrf, chrf_signature = chrf_score(detok_hyps, raw_refs)
         results.update(
-            sacrebleu=score.score, sacrebleu_details=str(score), sacrebleu_signature=signature
+            sacrebleu=score.score, sacrebleu_details=str(score), sacrebleu_signature=signature,
+            chrf=chrf, chrf_signature=chrf_signature,
         )
     results.update(
         num_sentences=len(translations),
@@ -316,6 +379,11 @@ def summary(results: Dict[str, Any]) -> str:
         lines.append(
             f"sacreBLEU (detokenized): {results['sacrebleu']:.2f}  {results['sacrebleu_signature']}"
         )
+        lines.append(f"chrF (detokenized): {results['chrf']:.2f}  {results['chrf_signature']}")
+    run = results.get("runaways")
+    if run:
+        limit = "" if run["at_length_limit"] is None else f", {run['at_length_limit']} at the length limit"
+        lines.append(f"runaways: {run['longer_than_ratio']} longer than {run['ratio']}x the reference{limit}")
     return "\n".join(lines)
 
 
@@ -328,6 +396,8 @@ def decoding_settings(command: Sequence[str]) -> Dict[str, Any]:
     parser.add_argument("--remove-bpe", nargs="?", const="@@ ", default=None)
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-len-a", type=float, default=0.0)
+    parser.add_argument("--max-len-b", type=int, default=200)
     parser.add_argument("--gen-subset", default="test")
     known, _ = parser.parse_known_args(list(command))
     return {**vars(known), "command": list(command)}
@@ -369,10 +439,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error("--target-lang or --data-bin is required")
         expected = None
         target_lang = args.target_lang
+        limits = None
         if args.data_bin is not None:
             source_lang, inferred = check_test_set(args.data_bin, args.subset)
             target_lang = target_lang or inferred
             expected = subset_size(args.data_bin, args.subset, source_lang, inferred)
+            if command:
+                decoding = decoding_settings(command)
+                sources = subword_lengths(args.data_bin, args.subset, source_lang, inferred, source_lang)
+                limits = length_limits(sources, decoding["max_len_a"], decoding["max_len_b"])
         raw_ref = args.raw_ref
         if raw_ref is not None and not Path(raw_ref).is_file():
             raise ScoringError(f"--raw-ref {raw_ref}: no such file")
@@ -398,6 +473,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             detok_lang=args.detok_lang,
             metadata=metadata,
             expected_sentences=expected,
+            limits=limits,
         )
     except (ScoringError, PrepareError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

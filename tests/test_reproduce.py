@@ -57,6 +57,8 @@ def test_every_scale_has_a_config_per_row():
     ("base", "rpe", "transformer_rpe_wmt_en_de"), ("base", "rope", "transformer_rope_wmt_en_de"),
     ("demo", "sinusoidal", "transformer_tiny"), ("demo", "learned", "transformer_tiny"),
     ("demo", "rpe", "transformer_rpe_tiny"), ("demo", "rope", "transformer_rope_tiny"),
+    ("multi30k", "sinusoidal", "transformer_wmt_en_de"), ("multi30k", "learned", "transformer_wmt_en_de"),
+    ("multi30k", "rpe", "transformer_rpe_wmt_en_de"), ("multi30k", "rope", "transformer_rope_wmt_en_de"),
 ])
 def test_row_config_builds_through_fairseq(dict_dir, size, row, arch):
     argv = config(row, size).argv()
@@ -64,10 +66,22 @@ def test_row_config_builds_through_fairseq(dict_dir, size, row, arch):
     model, _ = build_model(dict_dir, arch, *argv)
     layer = model.encoder.layers[0]
     dims = (len(model.encoder.layers), len(model.decoder.layers), layer.embed_dim,
-            layer.fc1.out_features, layer.self_attn.num_heads)
-    assert dims == ((6, 6, 512, 2048, 8) if size == "base" else (2, 2, 64, 64, 2))
+            layer.fc1.out_features, layer.self_attn.num_heads, layer.dropout_module.p)
+    assert dims == {"base": (6, 6, 512, 2048, 8, 0.1), "demo": (2, 2, 64, 64, 2, 0.1),
+                    "multi30k": (3, 3, 256, 1024, 4, 0.3)}[size]
+    assert len(model.decoder.layers) == len(model.encoder.layers)
+    assert model.decoder.layers[0].fc1.out_features == layer.fc1.out_features
     learned = row == "learned"
     assert (type(model.encoder.embed_positions).__name__ == "LearnedPositionalEmbedding") == learned
+
+
+def test_multi30k_rows_differ_in_parameters_by_their_position_tables_only(dict_dir):
+    built = {row: build_model(dict_dir, *_arch_and_argv(row, "multi30k"))[0] for row in ROWS}
+    counts = {row: params(model) for row, model in built.items()}
+    assert counts["rope"] == counts["sinusoidal"]  # neither has position parameters
+    assert counts["learned"] - counts["sinusoidal"] == 2 * (256 + 2) * 256  # two tables of 258 x d
+    # Shaw et al.'s experiments: key and value tables per layer and head, 33 distances x head dim 64.
+    assert counts["rpe"] - counts["sinusoidal"] == 6 * 2 * 4 * 33 * 64
 
 
 def params(model) -> int:
@@ -97,12 +111,12 @@ def _arch_and_argv(row: str, size: str):
 def test_unknown_row_or_scale_is_a_clear_error(capsys):
     with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope"):
         get_row("absolute")
-    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, demo, demo-length"):
+    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, demo, demo-length"):
         get_scale("wmt16")
     assert reproduce.main(["absolute", "--scale", "demo"]) == 2
     assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope" in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
-    assert "valid scales: wmt14, demo, demo-length" in capsys.readouterr().err
+    assert "valid scales: wmt14, multi30k, multi30k-length, demo, demo-length" in capsys.readouterr().err
 
 
 def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
@@ -110,7 +124,7 @@ def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
     assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope "
             "(or `collect` to make the table)") in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
-    assert "error: unknown scale 'wmt16'; valid scales: wmt14, demo, demo-length" in capsys.readouterr().err
+    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, demo, demo-length" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
@@ -126,7 +140,7 @@ def test_extra_args_cannot_redirect_seed_or_save_dir(tmp_path):
     for extra in (["--seed", "3"], ["--save-dir=/tmp/x"]):
         with pytest.raises(TableError, match="cannot be an extra fairseq-train argument"):
             reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path, extra)
-    with pytest.raises(TableError, match="--raw-dir is for scale wmt14"):
+    with pytest.raises(TableError, match="--raw-dir is for the wmt14 and multi30k scales"):
         reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path, raw_dir="/archives")
     assert not list(tmp_path.iterdir())  # nothing prepared or trained
 
@@ -350,3 +364,114 @@ def test_collect_cli(tmp_path, capsys):
                            "--out-dir", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "demo.md").is_file()
     assert "demo.md" in capsys.readouterr().out
+
+
+# --- The multi30k scales
+
+
+def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    multi30k = SCALES["multi30k"]
+    data_bin = reproduce.prepare_data(multi30k, tmp_path, "/shared/multi30k")
+    assert data_bin == tmp_path / "multi30k" / "data" / "data-bin"
+    assert ran == [[reproduce.SCRIPTS / "prepare_multi30k.sh", "--raw-dir", "/shared/multi30k",
+                    tmp_path / "multi30k" / "data"]]
+    data_bin.mkdir(parents=True)
+    reproduce.prepare_data(multi30k, tmp_path)
+    assert len(ran) == 1
+
+
+def test_multi30k_length_trains_on_the_short_pairs_of_the_prepared_corpus(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    raw = tmp_path / "multi30k" / "data" / "raw"
+    raw.mkdir(parents=True)
+    (raw.parent / "data-bin").mkdir()
+    limit = SCALES["multi30k-length"].max_train_words
+    lengths = {"train": [3, limit, limit + 1, 30], "valid": [limit + 5, 2], "test": [1, limit + 9]}
+    for split, ns in lengths.items():
+        (raw / f"{split}.en").write_text("".join(" ".join(["w"] * n) + "\n" for n in ns))
+        (raw / f"{split}.de").write_text("".join(f"satz {i}\n" for i in range(len(ns))))
+    data_bin = reproduce.prepare_data(SCALES["multi30k-length"], tmp_path)
+    corpus = tmp_path / "multi30k-length" / "corpus"
+    assert (corpus / "train.de").read_text() == "satz 0\nsatz 1\n"  # at most `limit` words
+    assert (corpus / "valid.de").read_text() == "satz 1\n"
+    assert (corpus / "test.de").read_text() == (raw / "test.de").read_text()  # the whole test set
+    command = [str(a) for a in ran[0]]
+    assert command[0].endswith("prepare_parallel.sh") and "--no-clean" in command
+    assert command[command.index("--vocab-size") + 1] == "10000"
+    assert data_bin == tmp_path / "multi30k-length" / "data" / "data-bin"
+
+
+def write_outputs(run: Path, hypotheses, reference: Path, runaways=(0, 0)) -> None:
+    """Detokenized hypotheses and what run.json records of the references and runaways."""
+    (run / "eval" / "hyps.detok.de").write_text("".join(h + "\n" for h in hypotheses))
+    summary = json.loads((run / "eval" / "run.json").read_text())
+    summary.update(raw_reference=str(reference), raw_reference_sha256=reproduce._sha256(str(reference)),
+                   chrf=50.0 + len(hypotheses[0]) / 10,
+                   runaways={"ratio": 1.5, "longer_than_ratio": runaways[0], "at_length_limit": runaways[1]})
+    (run / "eval" / "run.json").write_text(json.dumps(summary))
+
+
+def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    refs = [f"Ein Hund {i} läuft über die Wiese ." for i in range(60)]
+    reference = tmp_path / "test.de"
+    reference.write_text("".join(r + "\n" for r in refs))
+    good, bad = refs, [f"Eine Katze {i} ." for i in range(60)]
+    labels = ["1-8", "9-12", "13-16"]
+    for seed in (1, 2):
+        write_outputs(write_run(work, "multi30k", "sinusoidal", seed, bleu=30.0 + seed,
+                                length=dict(zip(labels, [40, 30, 20]))), bad, reference)
+        write_outputs(write_run(work, "multi30k", "rope", seed, bleu=35.0 + seed,
+                                length=dict(zip(labels, [42, 33, 21]))), good, reference, runaways=(seed, 1))
+    write_outputs(write_run(work, "multi30k", "rpe", 1, bleu=31.0), bad, reference)
+    collect.collect(SCALES["multi30k"], work, out)
+    md = (out / "multi30k.md").read_text()
+    main = md.split("## Significance")[0]
+    assert "| 1/1, 2/1 |" in table_line(main, "rope")  # runaways per seed: longer / at the limit
+    assert "| sacreBLEU | chrF |" in main and "| 53.30 |" in table_line(main, "rope")  # chrF, equal seeds
+    significance = md.split("## Significance")[1].split("## ")[0]
+    rope_lines = [line for line in significance.splitlines() if line.startswith("| rope |")]
+    assert [line.split(" | ")[1] for line in rope_lines] == ["1", "2", "pooled 1+2"]
+    assert all("0.001 *" in line for line in rope_lines)  # far better than the baseline everywhere
+    assert "| rpe | 1 |" in significance and "| learned | — | not run |" in significance
+    assert "bs:1000" in significance
+    assert "## BLEU by source length" in md and "| 9-12 (n=150) |" in md and "†" not in md
+    # Records keep the runs when the work directory is gone (another session, another machine).
+    record = out / "runs" / "multi30k" / "rope" / "seed1"
+    assert (record / "run.json").is_file() and (record / "command.txt").is_file()
+    assert (record / "hyps.detok.de.gz").is_file()
+    import shutil
+
+    shutil.rmtree(work)
+    collect.collect(SCALES["multi30k"], work, out)
+    again = (out / "multi30k.md").read_text()
+    assert table_line(again, "rope") == table_line(md, "rope")
+    assert again.split("## Significance")[1].split("## ")[0] == significance
+
+
+def test_significance_says_why_it_is_unavailable(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    reference = tmp_path / "test.de"
+    reference.write_text("a\nb\n")
+    write_outputs(write_run(work, "multi30k", "sinusoidal", 1, bleu=30.0), ["a", "b"], reference)
+    write_outputs(write_run(work, "multi30k", "rope", 1, bleu=30.0), ["a", "b"], reference)
+    reference.write_text("a\nc\n")  # not the references the runs were scored against
+    collect.collect(SCALES["multi30k"], work, out)
+    assert "is not the reference the run was scored against" in (out / "multi30k.md").read_text()
+    reference.unlink()
+    collect.collect(SCALES["multi30k"], work, out)
+    assert "not found: prepare the scale's data" in (out / "multi30k.md").read_text()
+
+
+def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    labels = ["1-8", "9-12", "13-16", "17-20"]
+    write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
+    collect.collect(SCALES["multi30k-length"], work, out)
+    md = (out / "multi30k-length.md").read_text()
+    assert "## Length extrapolation" in md and "at most 12 source words" in md
+    assert "| 9-12 (n=150) |" in md and "| 13-16 † (n=150) |" in md
+    assert_png(out / "multi30k-length_bleu_by_length.png")

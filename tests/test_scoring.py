@@ -209,3 +209,51 @@ def test_check_refuses_raw_references_that_do_not_fit(toy_data_bin, tmp_path, ca
     assert message.format(ref=ref) in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == before
     assert scoring.main(["--check", "--data-bin", str(toy_data_bin)]) == 0  # the default raw/test.de is optional
+
+
+def test_positional_scores_give_each_hypothesis_its_subwords_before_eos():
+    translations = parse_generate_output(GENERATE_OUTPUT.splitlines())
+    assert [t.subwords for t in translations] == [3, 5, 6, None]  # H-3 has no P- line
+
+
+def test_chrf_is_reported_beside_sacrebleu(tmp_path):
+    raw_ref = tmp_path / "test.de"
+    raw_ref.write_text("".join(line + "\n" for line in RAW_REFS))
+    results = evaluate_translations(parse_generate_output(GENERATE_OUTPUT.splitlines()), tmp_path / "eval",
+                                    "de", raw_reference=raw_ref)
+    assert 0 < results["chrf"] < 100
+    assert "nc:6|nw:0" in results["chrf_signature"]
+    assert "chrF (detokenized): " in scoring.summary(results)
+
+
+def translation(sid: int, hyp_words: int, ref_words: int, subwords: int) -> scoring.Translation:
+    return scoring.Translation(sid, " ".join(["x"] * hyp_words), -1.0, "s", " ".join(["y"] * ref_words), subwords)
+
+
+def test_runaways_count_long_hypotheses_and_those_stopped_by_the_limit():
+    translations = [translation(0, 10, 10, 12), translation(1, 16, 10, 200), translation(2, 15, 10, 30),
+                    translation(3, 40, 10, 45)]
+    counts = scoring.runaways(translations, scoring.length_limits([5, 5, 5, 5], 0.0, 200))
+    assert counts["longer_than_ratio_ids"] == [1, 3]  # 16 and 40 words > 1.5 x 10; 15 is not
+    assert counts["at_length_limit_ids"] == [1] and counts["at_length_limit"] == 1
+    # A limit tied to the source: 1.2 x 30 + 10 = 46 subwords; sentence 3 stopped at 45 < 46.
+    assert scoring.length_limits([30], 1.2, 10) == [46]
+    tied = scoring.runaways(translations, [20, 20, 20, 46])
+    assert tied["at_length_limit_ids"] == [1, 2]
+    assert scoring.runaways(translations)["at_length_limit"] is None  # no limits known
+
+
+def test_paired_bootstrap_is_sacrebleus_and_needs_equal_counts():
+    from fairseq_rope.significance import paired_bootstrap
+
+    refs = [f"Ein Hund {i} läuft über die Wiese." for i in range(40)]
+    # Equally good systems, each wrong on other sentences: no significant difference.
+    one = [r if i % 4 else f"Ein Hund {i} rennt." for i, r in enumerate(refs)]
+    other = [r if (i + 2) % 4 else f"Ein Hund {i} rennt." for i, r in enumerate(refs)]
+    same = paired_bootstrap(one, other, refs)
+    assert same["BLEU"]["baseline"] == pytest.approx(same["BLEU"]["system"])
+    assert same["BLEU"]["p_value"] > 0.05 and same["chrF2"]["p_value"] > 0.05
+    worse = paired_bootstrap(refs, [f"Eine Katze {i}." for i in range(40)], refs)
+    assert worse["BLEU"]["p_value"] < 0.01 and "bs:1000" in worse["BLEU"]["signature"]
+    with pytest.raises(ValueError, match="counts must be equal"):
+        paired_bootstrap(refs, refs[:-1], refs)

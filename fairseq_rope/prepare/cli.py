@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--no-tokenize", dest="tokenize", action="store_false",
                      help="the text is tokenized already: skip normalization, non-printing character "
                      "removal and Moses tokenization (BPE is learned and applied on the text as is)")
+    par.add_argument("--no-clean", dest="clean", action="store_false",
+                     help="keep every training pair (curated corpora): no removal of pairs outside "
+                     "1-250 tokens or with a length ratio above 1.5")
     return parser
 
 
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         chunk_lines=args.chunk_lines,
         tokenize=args.tokenize if parallel else True,
         has_test=args.testpref is not None if parallel else True,
-        clean_train=args.command != "multi30k",
+        clean_train=args.clean if parallel else args.command == "wmt14",
         log=log,
     )
     name = {"wmt14": "WMT14", "multi30k": "Multi30k"}.get(args.command, "parallel corpus")
