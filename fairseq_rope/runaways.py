@@ -6,10 +6,10 @@ averaged checkpoint). For each run:
 
 1. **Counts** (:func:`fairseq_rope.scoring.runaways`): hypotheses longer than
    1.5× their reference, and those stopped by the length limit.
-2. **Where loops start**: :func:`loop_start` finds the repeated unit that
-   ends a hypothesis; its first word is compared with the longest target the
-   model saw in training (words of the de-BPE'd training targets) and with the
-   sentence's reference length.
+2. **Where loops start**: :func:`loop_start` finds the first unit repeated
+   three times in a row; its first word is compared with the longest target
+   the model saw in training (words of the de-BPE'd training targets) and with
+   the sentence's reference length.
 3. **Forced decoding**: ``fairseq-generate --score-reference`` scores each
    reference under the same model. Beam search maximises
    Σ log p / |y|^lenpen over hypotheses y with EOS (fairseq's ``finalize_hypos``);
@@ -61,19 +61,23 @@ MIN_REPEATS = 3
 
 def loop_start(tokens: Sequence[str], max_period: int = MAX_PERIOD, min_repeats: int = MIN_REPEATS
                ) -> Optional[Tuple[int, int]]:
-    """(index where the final repetition starts, its period), or None when the tokens do not end in a loop.
+    """(index where the hypothesis first starts looping, the loop's period), or None if it never loops.
 
     A loop is a unit of at most ``max_period`` tokens repeated at least
-    ``min_repeats`` times up to the end (the last repeat may be cut short by the
-    length limit). Of the periods that qualify, the earliest start wins.
+    ``min_repeats`` times in a row, anywhere in the hypothesis (runaways loop,
+    drift to another loop, and may stop at the limit or with EOS). Of the
+    periods that qualify, the earliest start wins.
     """
-    n, best = len(tokens), None
+    best: Optional[Tuple[int, int]] = None
     for period in range(1, max_period + 1):
-        start = n - period
-        while start > 0 and tokens[start - 1] == tokens[start - 1 + period]:
-            start -= 1
-        if n - start >= min_repeats * period and (best is None or start < best[0]):
-            best = (start, period)
+        run = 0  # consecutive i with tokens[i] == tokens[i + period]
+        for i in range(len(tokens) - period):
+            run = run + 1 if tokens[i] == tokens[i + period] else 0
+            if run >= (min_repeats - 1) * period:
+                start = i - run + 1
+                if best is None or start < best[0]:
+                    best = (start, period)
+                break
     return best
 
 
@@ -193,7 +197,7 @@ def render(studies: Sequence[Dict[str, Any]], command: str) -> str:
             + [f"{v['longer_than_ratio']}/{v['at_length_limit']}, BLEU {v['bleu_tokenized']:.2f}"
                for v in s["variants"].values()] for s in studies]
     out += markdown_table(header, rows) + ["", "## Each runaway", "",
-            "Loop start: first word of the repetition that ends the hypothesis (period in words). "
+            "Loop start: first word of the first unit (≤ 8 words) repeated 3 times in a row (period in words). "
             "Objective: fairseq's beam score Σ log₂ p / length^0.6 of the runaway and of the reference "
             "under forced decoding; `search` = the reference scores higher, so beam search missed it; "
             "`model` = the model prefers the loop.", ""]

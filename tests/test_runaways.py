@@ -18,6 +18,7 @@ from fairseq_rope.scoring import Translation, read_generate_output
     ("a dog runs on the grass .".split(), None),
     ("a dog runs on on on".split(), (3, 1)),
     ("a man and a woman and a woman and a woman and a".split(), (2, 3)),  # "and a woman", cut short
+    ("a b c c c c c d e f".split(), (2, 1)),  # a loop the hypothesis leaves again
     ("x y x y".split(), None),  # two repeats are not a loop
     ("the the the".split(), (0, 1)),
 ])

@@ -7,6 +7,8 @@ wrappers and XML entities, and training pairs that cleaning must drop.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import random
 import tarfile
@@ -18,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import pytest
 
 from fairseq_rope.prepare import cli
+from fairseq_rope.prepare.multi30k import ReleaseFile
 
 REPO = Path(__file__).resolve().parents[2]
 Pair = Tuple[str, str]
@@ -224,3 +227,26 @@ def write_parallel(prefix: Path, pairs: Sequence[Pair], src: str = "en", tgt: st
     Path(f"{prefix}.{src}").write_bytes(text_bytes(s for s, _ in pairs))
     Path(f"{prefix}.{tgt}").write_bytes(text_bytes(t for _, t in pairs))
     return prefix
+
+
+# --- Multi30k: six gzipped files named as published (never the real captions)
+
+MULTI30K_SPLITS = {"train": ("train", 300), "valid": ("val", 30), "test": ("test_2016_flickr", 25)}
+
+
+def write_multi30k_release(raw_dir: Path) -> Tuple[Dict[str, Dict[str, ReleaseFile]], Dict[str, List[Tuple[str, str]]]]:
+    """Six gzipped files named as published, and the release table describing them."""
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    release: Dict[str, Dict[str, ReleaseFile]] = {}
+    pairs = {}
+    for seed, (split, (stem, n)) in enumerate(MULTI30K_SPLITS.items()):
+        pairs[split] = make_pairs(n, seed=40 + seed, min_words=2, max_words=9)
+        if split == "train":
+            pairs[split][0] = lopsided_pair()  # kept: Multi30k is not cleaned
+        release[split] = {}
+        for i, lang in enumerate(("en", "de")):
+            path = raw_dir / f"{stem}.{lang}.gz"
+            data = "".join(p[i] + "\n" for p in pairs[split]).encode("utf-8")
+            path.write_bytes(gzip.compress(data, mtime=0))
+            release[split][lang] = ReleaseFile(path.name, hashlib.sha256(path.read_bytes()).hexdigest(), n)
+    return release, pairs

@@ -6,7 +6,6 @@ import gzip
 import hashlib
 import shutil
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import pytest
 
@@ -14,32 +13,12 @@ from fairseq_rope.prepare import archives, multi30k
 from fairseq_rope.prepare.files import read_lines
 from fairseq_rope.prepare.multi30k import ReleaseFile
 
-from .conftest import TINY_VOCAB, lopsided_pair, make_pairs, run_cli
-
-SPLITS = {"train": ("train", 300), "valid": ("val", 30), "test": ("test_2016_flickr", 25)}
-
-
-def write_release(raw_dir: Path) -> Tuple[Dict[str, Dict[str, ReleaseFile]], Dict[str, List[Tuple[str, str]]]]:
-    """Six gzipped files named as published, and the release table describing them."""
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    release: Dict[str, Dict[str, ReleaseFile]] = {}
-    pairs = {}
-    for seed, (split, (stem, n)) in enumerate(SPLITS.items()):
-        pairs[split] = make_pairs(n, seed=40 + seed, min_words=2, max_words=9)
-        if split == "train":
-            pairs[split][0] = lopsided_pair()  # kept: Multi30k is not cleaned
-        release[split] = {}
-        for i, lang in enumerate(("en", "de")):
-            path = raw_dir / f"{stem}.{lang}.gz"
-            data = "".join(p[i] + "\n" for p in pairs[split]).encode("utf-8")
-            path.write_bytes(gzip.compress(data, mtime=0))
-            release[split][lang] = ReleaseFile(path.name, hashlib.sha256(path.read_bytes()).hexdigest(), n)
-    return release, pairs
+from .conftest import TINY_VOCAB, run_cli, write_multi30k_release
 
 
 @pytest.fixture
 def release(tmp_path, monkeypatch):
-    table, pairs = write_release(tmp_path / "raw")
+    table, pairs = write_multi30k_release(tmp_path / "raw")
     monkeypatch.setattr(multi30k, "TASK1", table)
     return tmp_path / "raw", pairs
 
