@@ -69,7 +69,8 @@ def render(report: Dict[str, Any]) -> str:
     plateau = report["plateau"]
     rows = [[str(p["update"]), f"{p['bleu_tokenized']:.2f}",
              "—" if p["sacrebleu"] is None else f"{p['sacrebleu']:.2f}",
-             "—" if p["chrf"] is None else f"{p['chrf']:.2f}", f"{100 * p['fraction_of_best']:.1f} %"]
+             "—" if p["chrf"] is None else f"{p['chrf']:.2f}",
+             "—" if p["fraction_of_best"] is None else f"{100 * p['fraction_of_best']:.1f} %"]
             for p in report["points"]]
     return "\n".join([
         f"# BLEU against updates: `{report['save_dir']}`",
