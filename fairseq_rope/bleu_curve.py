@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fairseq_rope import atomic
+from fairseq_rope.cli import command_line
 from fairseq_rope.averaging import AveragingError, average_last_checkpoints, find_checkpoints
 from fairseq_rope.collect import markdown_table
 from fairseq_rope.decoding import TABLE_DECODING, generate
@@ -141,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--window", type=int, default=5, help="checkpoints averaged per point")
     parser.add_argument("--every", type=int, default=1, help="measure every N-th checkpoint (the last always)")
     args = parser.parse_args(argv)
-    command = " ".join(shlex.quote(a) for a in ["scripts/bleu_curve.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("scripts/bleu_curve.py", argv)
     try:
         report = bleu_curve(args.save_dir, args.data_bin, args.out, args.subset, args.window, args.every, command)
     except (AveragingError, ScoringError, OSError) as e:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+import shlex
+import sys
+from typing import List, Optional, Sequence, Tuple
 
 
 def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -12,3 +14,8 @@ def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
+
+
+def command_line(script: str, argv: Optional[Sequence[str]] = None) -> str:
+    """How an entry point was invoked, for the reports it writes (``argv`` None: the process's)."""
+    return " ".join(shlex.quote(a) for a in [script, *(sys.argv[1:] if argv is None else argv)])

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import atomic
+from fairseq_rope.cli import command_line
 from fairseq_rope.collect import markdown_table
 from fairseq_rope.decoding import TABLE_DECODING, generate
 from fairseq_rope.scoring import (
@@ -220,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="evaluated run directories (SAVE_DIR)")
     parser.add_argument("--out", type=Path, required=True, help="output path without suffix (.json, .md)")
     args = parser.parse_args(argv)
-    command = " ".join(shlex.quote(a) for a in ["scripts/runaway_study.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("scripts/runaway_study.py", argv)
     try:
         studies = [study_run(run) for run in args.runs]
     except (ScoringError, OSError, KeyError) as e:
