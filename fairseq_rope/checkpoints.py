@@ -27,12 +27,13 @@ import os
 import pickle
 import re
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Union
+from typing import Any, Callable, Dict, Iterator
 
 import torch
 from fairseq import checkpoint_utils
 
-PathLike = Union[str, os.PathLike]
+from fairseq_rope.base import FairseqRopeError, PathLike
+
 
 FAIRSEQ_CHECKPOINT_GLOBALS = (argparse.Namespace,)
 # torch.load's switches (read at each call): force safe loads, or make unsafe loads the default.
@@ -40,7 +41,7 @@ FORCE_SAFE_VARIABLE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_UNSAFE_VARIABLE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(FairseqRopeError, pickle.UnpicklingError):
     """A checkpoint that torch's safe unpickler refused: it holds more than a fairseq checkpoint may."""
 
 

@@ -11,7 +11,7 @@ process started. Two things still broke a resume:
    ``PathManager.copy``: on local disks a plain ``shutil.copyfile``. A kill
    during that copy leaves a truncated ``checkpoint_last.pt`` that every later
    resume fails to load. Local copies now go through
-   :func:`fairseq_rope.atomic.atomic_path` (a temporary file renamed over the
+   :func:`fairseq_rope.base.atomic_path` (a temporary file renamed over the
    target), so a kill leaves the previous, complete checkpoint.
 
 2. **Other batches after a resume.** fairseq (main, which fairseq-fixed
@@ -37,7 +37,7 @@ from typing import Any, Callable
 from fairseq.file_io import PathManager
 from fairseq.tasks import FairseqTask
 
-from fairseq_rope import atomic
+from fairseq_rope import base
 
 _PATCHED = "_fairseq_rope_resume"
 
@@ -52,7 +52,7 @@ def make_checkpoint_copies_atomic() -> None:
     def atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
         if PathManager.path_requires_pathmanager(dst_path):  # remote storage: fairseq's own way
             return copy(src_path, dst_path, overwrite=overwrite)
-        with atomic.atomic_path(dst_path) as tmp:
+        with base.atomic_path(dst_path) as tmp:
             copy(src_path, str(tmp), overwrite=True)
         return True
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Average the last N fairseq checkpoints of a directory (see fairseq_rope/averaging.py).
+"""Average the last N fairseq checkpoints of a directory (see fairseq_rope/evaluation/averaging.py).
 
     scripts/average_checkpoints.py --inputs SAVE_DIR --output SAVE_DIR/checkpoint_avg_last5.pt \
         --num-update-checkpoints 5 [--checkpoint-upper-bound 100000]
@@ -10,7 +10,7 @@ takes update checkpoints if there are any, else epoch checkpoints.
 
 import sys
 
-from fairseq_rope.averaging import main
+from fairseq_rope.evaluation.averaging import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""BLEU (tokenized, compound-split) per source-length bucket (see fairseq_rope/length_study.py).
+"""BLEU (tokenized, compound-split) per source-length bucket (see fairseq_rope/evaluation/bleu_by_length.py).
 
     scripts/bleu_by_length.py GENERATE_OUTPUT|EVAL_DIR [--edges 10,20,30,40,50,60]
         [--source-file FILE] [--subset test] [--output FILE]
@@ -13,7 +13,7 @@ bleu_by_length.json beside the generate output).
 
 import sys
 
-from fairseq_rope.length_study import main
+from fairseq_rope.evaluation.bleu_by_length import main
 
 if __name__ == "__main__":
     sys.exit(main())

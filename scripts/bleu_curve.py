@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """BLEU against training updates of one run, to choose a training budget
-(see fairseq_rope/bleu_curve.py).
+(see fairseq_rope/experiments/bleu_curve.py).
 
     scripts/bleu_curve.py SAVE_DIR DATA_BIN --out docs/results/NAME [--subset valid]
         [--window 5] [--every 1]
@@ -12,7 +12,7 @@ Writes NAME.json, NAME.md and NAME.png; a rerun extends the curve.
 
 import sys
 
-from fairseq_rope.bleu_curve import main
+from fairseq_rope.experiments.bleu_curve import main
 
 if __name__ == "__main__":
     sys.exit(main())

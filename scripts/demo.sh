@@ -15,9 +15,9 @@ work=${1:-demo}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-step "1/4 synthetic corpus (fairseq_rope/demo_corpus.py) -> $work/corpus"
+step "1/4 synthetic corpus (fairseq_rope/data/demo_corpus.py) -> $work/corpus"
 if [[ ! -f $work/corpus/test.de ]]; then
-    "$PYTHON" -m fairseq_rope.demo_corpus --out-dir "$work/corpus" --train 20000 --valid 500 --test 500
+    "$PYTHON" -m fairseq_rope.data.demo_corpus --out-dir "$work/corpus" --train 20000 --valid 500 --test 500
 fi
 
 step "2/4 prepare: tokenize, joint BPE, clean, binarize -> $work/data"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evaluate a training run the paper's way: average the last N checkpoints,
 # decode with beam 4 / length penalty 0.6, report tokenized compound-split BLEU
-# and sacreBLEU (fairseq_rope/scoring.py explains both).
+# and sacreBLEU (fairseq_rope/evaluation/scoring.py explains both).
 #
 #   scripts/evaluate.sh SAVE_DIR DATA_BIN [--raw-ref FILE] [--subset test]
 #       [--num-checkpoints 5] [--detok-lang LANG] [--max-tokens 8192] [--force]
@@ -69,7 +69,7 @@ if [[ -z ${plugin:-} ]]; then
 fi
 
 # Before averaging and decoding: the subset must have references, --raw-ref must match it.
-check=("$PYTHON" -m fairseq_rope.scoring --check --data-bin "$data_bin" --subset "$subset")
+check=("$PYTHON" -m fairseq_rope.evaluation.scoring --check --data-bin "$data_bin" --subset "$subset")
 if [[ -n $raw_ref ]]; then check+=(--raw-ref "$raw_ref"); fi
 "${check[@]}" || exit 1
 
@@ -103,7 +103,7 @@ if ! "${gen[@]}" > "$output.tmp" 2> "$log"; then
 fi
 mv "$output.tmp" "$output"
 
-score=("$PYTHON" -m fairseq_rope.scoring "$output" --out-dir "$eval_dir"
+score=("$PYTHON" -m fairseq_rope.evaluation.scoring "$output" --out-dir "$eval_dir"
        --data-bin "$data_bin" --subset "$subset" --checkpoint "$avg"
        --averaged-checkpoints "${averaged[@]}")
 if [[ -n $raw_ref ]]; then score+=(--raw-ref "$raw_ref"); fi

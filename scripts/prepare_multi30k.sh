@@ -13,4 +13,4 @@
 # Python: see scripts/env.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec "$PYTHON" -m fairseq_rope.prepare.cli multi30k "$@"
+exec "$PYTHON" -m fairseq_rope.data.prepare.cli multi30k "$@"

@@ -10,4 +10,4 @@
 # Reruns skip finished steps. Python: see scripts/env.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec "$PYTHON" -m fairseq_rope.prepare.cli parallel "$@"
+exec "$PYTHON" -m fairseq_rope.data.prepare.cli parallel "$@"

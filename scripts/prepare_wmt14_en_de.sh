@@ -11,4 +11,4 @@
 # statmt.org. Reruns skip finished steps. Python: see scripts/env.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec "$PYTHON" -m fairseq_rope.prepare.cli wmt14 "$@"
+exec "$PYTHON" -m fairseq_rope.data.prepare.cli wmt14 "$@"

@@ -13,7 +13,7 @@
 # docs/results/SCALE.md (the table) and SCALE_*.png from every finished run.
 # WORK_DIR defaults to work/ in the repository. --help for details, including
 # the length-extrapolation study (--scale demo-length) and its WMT14 analogue.
-# Logic: fairseq_rope/reproduce.py and fairseq_rope/collect.py. Python: see scripts/env.sh.
+# Logic: fairseq_rope/experiments/reproduce.py and fairseq_rope/experiments/collect.py. Python: see scripts/env.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec "$PYTHON" -m fairseq_rope.reproduce "$@"
+exec "$PYTHON" -m fairseq_rope.experiments.reproduce "$@"

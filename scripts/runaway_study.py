@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runaway hypotheses of evaluated runs (see fairseq_rope/runaways.py).
+"""Runaway hypotheses of evaluated runs (see fairseq_rope/experiments/runaways.py).
 
     scripts/runaway_study.py RUN_DIR [RUN_DIR...] --out docs/results/NAME
 
@@ -12,7 +12,7 @@ Writes NAME.json and NAME.md.
 
 import sys
 
-from fairseq_rope.runaways import main
+from fairseq_rope.experiments.runaways import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,7 @@
 #   scripts/train.sh [--force] CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]
 #
 # CONFIG is a config name (configs/<name>.yaml, e.g. rope_base) or a path to a
-# YAML file (format: fairseq_rope/experiment.py). Extra arguments come last on
+# YAML file (format: fairseq_rope/experiments/config.py). Extra arguments come last on
 # the command line, so they override the config's values (argparse keeps the
 # last occurrence), e.g. `--max-update 10` or `--fp16`; a config's bare flag can
 # only be dropped with a config that sets it to false.
@@ -20,7 +20,7 @@
 # refused. "Different" means another data-bin or any other option after the
 # config is expanded, except when to stop and how often to validate, save and
 # log (--max-update, --max-epoch, --save-interval-updates, --log-interval, ...:
-# see fairseq_rope/training.py), so `--max-update N` continues a run for longer.
+# see fairseq_rope/experiments/training.py), so `--max-update N` continues a run for longer.
 #   --force   continue from SAVE_DIR's checkpoints with the new arguments anyway
 #             (e.g. another --update-freq on other hardware); they become the
 #             recorded command. To start over, use a new SAVE_DIR.
@@ -44,7 +44,7 @@ shift 3
 # check fails.
 argv_file=$(mktemp)
 trap 'rm -f "$argv_file"' EXIT
-"$PYTHON" -m fairseq_rope.training "${force[@]}" "$config" "$data_bin" "$save_dir" -- "$@" > "$argv_file"
+"$PYTHON" -m fairseq_rope.experiments.training "${force[@]}" "$config" "$data_bin" "$save_dir" -- "$@" > "$argv_file"
 mapfile -d '' -t args < "$argv_file"
 
 # $LAUNCHER, if set, runs fairseq-train under a launcher, split on whitespace, e.g.

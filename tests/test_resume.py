@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
-from fairseq_rope import training
+from fairseq_rope.experiments import training
 from fairseq_rope.checkpoints import load_checkpoint
 from tests.conftest import REPO
 
@@ -136,7 +136,7 @@ def test_a_kill_during_a_checkpoint_copy_leaves_the_previous_checkpoint(tmp_path
 
 
 def run_training_check(*args: object, cwd: Path, capsys) -> Tuple[int, str, str]:
-    """``python -m fairseq_rope.training`` in-process (train.sh's checks); (status, stdout, stderr)."""
+    """``python -m fairseq_rope.experiments.training`` in-process (train.sh's checks); (status, stdout, stderr)."""
     os.chdir(cwd)
     status = training.main([str(a) for a in args])
     out, err = capsys.readouterr()

@@ -12,7 +12,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from fairseq_rope import base
+
 
 
 def cpu_model() -> str:
@@ -41,7 +42,7 @@ def device_slug(device: torch.device) -> str:
 
 def git_commit() -> Optional[str]:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=base.PLUGIN_DIR, capture_output=True,
                              text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -29,10 +29,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from fairseq_rope.base import PLUGIN_DIR
 from fairseq_rope.benchmark.memory import peak_during, tensor_bytes
 from fairseq_rope.benchmark.timing import Stats, interleaved
 
-PLUGIN_DIR = Path(__file__).resolve().parents[1]
 DTYPE_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 
 

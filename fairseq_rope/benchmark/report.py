@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from fairseq_rope import atomic
+from fairseq_rope import base
 from fairseq_rope.benchmark.ops import OP_CANDIDATES
+from fairseq_rope.evaluation.report import markdown_table, pyplot, save_figure
 
 STOCK = "sinusoidal"  # fairseq's stock Transformer: the row every ratio divides by
 ROPE = "rope"
@@ -89,11 +89,6 @@ def fmt_spread(stats: Dict[str, Any], value: Callable[[float], float], fmt: Call
     return f"{fmt(value(stats['median']))} [{fmt(lo)}–{fmt(hi)}]"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 # --- Markdown
 
 
@@ -109,16 +104,16 @@ def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
                     ("torch / fairseq / Python", f"{m['torch']} / {m['fairseq']} / {m['python']}"),
                     ("platform", m["platform"]), ("date", m["date"]),
                     ("commit", str(m["git_commit"]))]
-    out += _table(("", ""), machine_rows)
+    out += markdown_table(("", ""), machine_rows)
     out += ["", "## Settings", ""]
-    out += _table(("setting", "value"), [
+    out += markdown_table(("setting", "value"), [
         (k, ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)) for k, v in s.items()])
     out += ["", "## Targets", ""]
     target_rows = [(t["dtype"], t["target"], t["goal"],
                     "—" if t["worst"] is None else f"{t['worst']:.3f}",
                     ", ".join(f"{k}: {v:.2f}" for k, v in t["by_length"].items()) or "—",
                     t["status"]) for t in results["targets"]]
-    out += _table(("dtype", "target", "goal", "worst length", "by length", "status"), target_rows)
+    out += markdown_table(("dtype", "target", "goal", "worst length", "by length", "status"), target_rows)
     out += _ops_section(results, plots) + _models_section(results, plots)
     return "\n".join(out) + "\n"
 
@@ -154,7 +149,7 @@ def _ops_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]:
                 f"{r['rope_over_naive']:.2f}", f"{c['rope']['bytes_per_s'] / 1e9:.2f}",
                 f"{c['copy']['bytes_per_s'] / 1e9:.2f}", f"{r['rope_bytes_per_s_over_copy']:.2f}",
             ])
-        out += ["", f"### {dtype}: time per call", ""] + _table(header, rows)
+        out += ["", f"### {dtype}: time per call", ""] + markdown_table(header, rows)
     if "ops" in plots:
         out += ["", f"![tokens/s vs length, op level]({plots['ops']})"]
     return out
@@ -177,7 +172,7 @@ def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]
         names = list(entry["rows"])
         others = [n for n in names if n != STOCK]
         out += ["", f"### {dtype}: parameters", ""]
-        out += _table(("row", "arch and flags", "parameters"),
+        out += markdown_table(("row", "arch and flags", "parameters"),
                       [(n, f"`{' '.join([r['arch'], *r['flags']])}`", f"{r['params']:,}")
                        for n, r in entry["rows"].items()])
         for kind, unit, key in (("train", "training tokens/s", "tokens_per_s"),
@@ -193,12 +188,12 @@ def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]
                                for n in names),
                              *(f"{e['ratios'][f'{n}_over_stock'][key]:.3f}" for n in others)])
             header = ["T", "sentences×T", *names, *(f"{n} ÷ {STOCK}" for n in others)]
-            out += ["", f"### {dtype}: {unit}", ""] + _table(header, rows)
+            out += ["", f"### {dtype}: {unit}", ""] + markdown_table(header, rows)
             mem_rows = [[str(e["length"]), *(fmt_mib(e["rows"][n]["peak_bytes"]) for n in names),
                          *(f"{e['ratios'][f'{n}_over_stock']['peak_bytes']:.3f}" for n in others)]
                         for e in entries]
             out += ["", f"### {dtype}: peak memory (MiB), {kind}", ""]
-            out += _table(["T", *names, *(f"{n} ÷ {STOCK}" for n in others)], mem_rows)
+            out += markdown_table(["T", *names, *(f"{n} ÷ {STOCK}" for n in others)], mem_rows)
     for key, title in (("train", "training tokens/s vs length"), ("decode", "decoding sentences/s vs length")):
         if key in plots:
             out += ["", f"![{title}]({plots[key]})"]
@@ -208,21 +203,10 @@ def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]
 # --- Plots
 
 
-def _pyplot():
-    # Importing fairseq sets the root logger to DEBUG; matplotlib's font search would flood it.
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _plot(path: Path, panels: Dict[str, Dict[str, Tuple[List[int], List[float]]]],
           ylabel: str, title: str) -> None:
     """One panel per dtype, one line per series: y against length, log-log."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
     for ax, (dtype, series) in zip(axes[0], panels.items()):
         for label, (xs, ys) in series.items():
@@ -235,9 +219,7 @@ def _plot(path: Path, panels: Dict[str, Dict[str, Tuple[List[int], List[float]]]
         ax.set(xlabel="length T (tokens)", ylabel=ylabel, title=f"{title}, {dtype}")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="small")
-    with atomic.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_plots(results: Dict[str, Any], out_dir: Path, name: str) -> Dict[str, str]:
@@ -270,6 +252,6 @@ def write_outputs(results: Dict[str, Any], out_dir: Path) -> List[Path]:
     results["targets"] = evaluate_targets(results)
     plots = write_plots(results, out_dir, name)
     results["plots"] = plots
-    atomic.write_json(out_dir / f"{name}.json", results)
-    atomic.write_text(out_dir / f"{name}.md", markdown(results, plots))
+    base.write_json(out_dir / f"{name}.json", results)
+    base.write_text(out_dir / f"{name}.md", markdown(results, plots))
     return [out_dir / f"{name}.json", out_dir / f"{name}.md", *(out_dir / p for p in plots.values())]

@@ -1,0 +1,135 @@
+"""What every layer of fairseq-rope shares: the error base, paths, atomic writes,
+line decoding and command-line helpers. It imports nothing from the package.
+
+Atomic output: readers see the old file or the complete new one, never a part.
+Everything is written to a temporary file in the target's directory (so the
+final rename stays on one file system) and moved over the target with
+``os.replace`` only once the writer has finished; on any error the temporary
+file is removed and the target left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+# The plugin package: what fairseq's ``--user-dir`` takes.
+PLUGIN_DIR = Path(__file__).resolve().parent
+
+
+def project_dir() -> Path:
+    """Where ``work/`` and ``docs/`` live: the checkout this package runs from, or, for an
+    installed package, the working directory."""
+    checkout = PLUGIN_DIR.parent
+    is_checkout = (checkout / "pyproject.toml").is_file() and (checkout / "scripts").is_dir()
+    return checkout if is_checkout else Path.cwd()
+
+
+class FairseqRopeError(Exception):
+    """Base of every error fairseq-rope raises on purpose: bad input or environment,
+    reported to the user without a traceback by the entry points."""
+
+
+@contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; it replaces ``path`` when the block succeeds."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make results private
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def write_text(path: PathLike, text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_lines(path: PathLike, lines: Iterable[str]) -> None:
+    """Write ``lines`` (without newlines), one per line, to ``path`` atomically."""
+    write_text(path, "".join(line + "\n" for line in lines))
+
+
+def write_json(path: PathLike, data: Any) -> None:
+    """Write ``data`` as indented UTF-8 JSON to ``path`` atomically."""
+    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+# --- Lines
+
+
+def decode_lines(raw: Iterable[bytes], name: str, strict: bool = True) -> Iterator[str]:
+    """Decode byte lines (as split on ``b"\\n"``) to text lines without line endings.
+
+    A trailing ``"\\r"`` (CRLF files) is dropped. With ``strict``, a non-UTF-8
+    line is a :class:`LineDecodingError` naming ``name`` and the line number; without,
+    bad bytes become U+FFFD and one warning summarises them.
+    """
+    bad: List[int] = []
+    for lineno, line in enumerate(raw, start=1):
+        line = line.rstrip(b"\n")
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if strict:
+                raise LineDecodingError(
+                    f"{name}: line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            bad.append(lineno)
+            yield line.decode("utf-8", errors="replace")
+    if bad:
+        print(f"warning: {name}: {len(bad)} line(s) with invalid UTF-8, bad bytes replaced by U+FFFD "
+              f"(first: line {bad[0]})")
+
+
+class LineDecodingError(FairseqRopeError, ValueError):
+    """A text file that is not UTF-8."""
+
+
+def read_lines(path: PathLike) -> List[str]:
+    """Lines split on "\\n" only; a non-UTF-8 line is a :class:`LineDecodingError` naming file and line."""
+    with open(path, "rb") as f:
+        return list(decode_lines(f, str(path)))
+
+
+# --- Command lines
+
+
+def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Split ``argv`` at the first ``--``: (own arguments, arguments passed through)."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def command_line(script: str, argv: Optional[Sequence[str]] = None) -> str:
+    """How an entry point was invoked, for the reports it writes (``argv`` None: the process's)."""
+    return " ".join(shlex.quote(a) for a in [script, *(sys.argv[1:] if argv is None else argv)])

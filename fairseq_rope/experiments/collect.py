@@ -1,0 +1,465 @@
+"""``reproduce_table.sh collect``: the finished runs of a scale → a markdown table and plots.
+
+Reads every ``<work>/<scale>/<row>/seed<N>/eval/run.json`` (written by
+:mod:`fairseq_rope.experiments.reproduce`) and the run's ``command.txt``, and writes, each
+file atomically, into ``docs/results/``:
+
+* ``<scale>.md``: one line per row (mean ± sample std over seeds, and every
+  seed's value) of BLEU in both conventions, parameters, training tokens/s and
+  wall time, beside the paper's numbers; rows without a finished run say
+  "not run". Then a line per run, the length-extrapolation table (``demo-length``)
+  and the commands that produced the runs;
+* ``<scale>_valid_loss.png``: validation loss against updates, every run;
+* ``<scale>_bleu.png``: BLEU per row, error bars over seeds;
+* ``<scale>_bleu_by_length.png`` (``demo-length``): BLEU per source-length bucket.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from fairseq_rope import base
+from fairseq_rope.experiments.config import ConfigError, load_experiment
+from fairseq_rope.data.prepare.pipeline import sha256_file
+from fairseq_rope.base import read_lines
+from fairseq_rope.evaluation.report import finish, markdown_table, new_axes, pyplot
+from fairseq_rope.evaluation.scoring import RUNAWAY_RATIO
+from fairseq_rope.evaluation.significance import N_SAMPLES, paired_bootstrap
+from fairseq_rope.experiments.table import (
+    RECORDS,
+    REPO,
+    ROWS,
+    SCALES,
+    Row,
+    Scale,
+    config_name,
+    finished_runs,
+    record_hypotheses,
+    scale_dir,
+)
+
+Runs = Dict[str, List[Dict[str, Any]]]  # row name -> its runs' run.json, in seed order
+NOT_RUN = "not run"
+MISSING = "—"
+BASELINE = "sinusoidal"
+BLEU_NOTE = (
+    "BLEU of the average of the last 5 checkpoints, beam 4, length penalty 0.6: tokenized "
+    "BLEU with compound splitting (the paper's convention), sacreBLEU and chrF (sacrebleu's "
+    "defaults) on detokenized output. Runaways: per seed, hypotheses longer than "
+    f"{RUNAWAY_RATIO}× their reference (tokenized words) / hypotheses stopped by the decoder's "
+    "length limit (fairseq's max-len-b 200 subwords) instead of EOS. "
+    "Each cell: mean ± sample standard deviation over seeds, then every seed's value in seed "
+    "order in brackets (one value when there is one seed, or all seeds agree). Parameters: "
+    "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
+    "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second). Wall time: "
+    "sum of fairseq-train's 'done training in' over the run's invocations."
+)
+
+
+# --- Numbers and cells
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, Optional[float]]:
+    """Mean and sample standard deviation (None for fewer than two values)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def cell(values: Sequence[Optional[float]], fmt: Callable[[float], str]) -> str:
+    """``mean ± std [v1, v2, ...]`` of the values that are not None; ``—`` when there are none."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return MISSING
+    if len(set(present)) == 1:
+        return fmt(present[0])
+    mean, std = mean_std(present)
+    return f"{fmt(mean)} ± {fmt(std)} [{', '.join(fmt(v) for v in present)}]"
+
+
+def _bleu(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def wall_time_unit(runs: Runs) -> Tuple[str, float]:
+    """(unit, seconds per unit) that suits the longest run: s, min or h."""
+    longest = max((r.get("train_wall_seconds") or 0 for rs in runs.values() for r in rs), default=0)
+    if longest < 300:
+        return "s", 1.0
+    return ("min", 60.0) if longest < 3 * 3600 else ("h", 3600.0)
+
+
+def values(runs: Sequence[Dict[str, Any]], key: str, scale: float = 1.0) -> List[Optional[float]]:
+    return [None if r.get(key) is None else r[key] / scale for r in runs]
+
+
+# --- Markdown
+
+
+def model_cell(row: Row, scale: Scale, runs: Sequence[Dict[str, Any]]) -> str:
+    """The row's title and architecture (from its runs, else from its config)."""
+    archs = sorted({r["arch"] for r in runs if r.get("arch")})
+    if not archs:
+        try:
+            archs = [str(load_experiment(config_name(row, scale)).train.get("arch"))]
+        except ConfigError:
+            archs = ["?"]
+    return f"{row.title}: " + ", ".join(f"`{a}`" for a in archs)
+
+
+def main_table(scale: Scale, runs: Runs) -> List[str]:
+    unit, seconds = wall_time_unit(runs)
+    paper = "paper BLEU (WMT14 newstest2014)" + ("" if scale.paper_comparable else ", not comparable")
+    header = ["row", "model", "seeds", "BLEU (tokenized, compound-split)", "sacreBLEU", "chrF", paper,
+              f"runaways (> {RUNAWAY_RATIO}× ref / at length limit)", "parameters", "train tokens/s",
+              f"train wall time ({unit})", "updates"]
+    lines = []
+    for name, row in ROWS.items():
+        rs = runs[name]
+        if not rs:
+            lines.append([name, model_cell(row, scale, rs), NOT_RUN, NOT_RUN, NOT_RUN, NOT_RUN, row.paper,
+                          MISSING, MISSING, MISSING, MISSING, MISSING])
+            continue
+        lines.append([
+            name, model_cell(row, scale, rs), ", ".join(str(r["seed"]) for r in rs),
+            cell(values(rs, "bleu_tokenized"), _bleu), cell(values(rs, "sacrebleu"), _bleu),
+            cell(values(rs, "chrf"), _bleu), row.paper, runaway_cell(rs),
+            cell(values(rs, "parameters"), _count), cell(values(rs, "train_tokens_per_second"), _count),
+            cell(values(rs, "train_wall_seconds", seconds), lambda v: f"{v:.1f}"),
+            cell(values(rs, "num_updates"), _count),
+        ])
+    return markdown_table(header, lines)
+
+
+def runaway_counts(run: Dict[str, Any]) -> Tuple[Optional[int], Optional[int]]:
+    """(hypotheses longer than RUNAWAY_RATIO x their reference, hypotheses stopped by the length limit)."""
+    counts = run.get("runaways") or {}
+    return counts.get("longer_than_ratio"), counts.get("at_length_limit")
+
+
+def runaway_cell(runs: Sequence[Dict[str, Any]]) -> str:
+    """Each seed's counts, ``long/limit``, in seed order (``—`` where not measured)."""
+    pairs = [runaway_counts(r) for r in runs]
+    if all(p == (None, None) for p in pairs):
+        return MISSING
+    return ", ".join("/".join(MISSING if n is None else str(n) for n in p) for p in pairs)
+
+
+# --- Significance
+
+
+def significance_table(runs: Runs) -> List[str]:
+    """sacrebleu's paired bootstrap of every row against the sinusoidal baseline.
+
+    Per seed: a row's seed-N run against the baseline's seed-N run. Pooled: the
+    test sets of all the seeds both have, concatenated (each system's seed-N
+    hypotheses against the same references), so that a difference that holds
+    across training seeds gets one p-value.
+    """
+    intro = [
+        f"sacrebleu's paired bootstrap resampling (`--paired-bs`, {N_SAMPLES} resamples, "
+        f"its fixed seed) of each row against `{BASELINE}`, on detokenized test hypotheses and "
+        "raw references; p-values for sacreBLEU and chrF. Per seed: the runs of equal seed. "
+        "Pooled: the test sets of all the seeds both rows have, concatenated.",
+        "",
+    ]
+    baseline = {r["seed"]: r for r in runs[BASELINE]}
+    header = ["row", "seeds", f"sacreBLEU ({BASELINE} → row)", "p (sacreBLEU)",
+              f"chrF ({BASELINE} → row)", "p (chrF)"]
+    lines, notes = [], []
+    references = _References()
+    for name in ROWS:
+        if name == BASELINE:
+            continue
+        pairs = [(r, baseline[r["seed"]]) for r in runs[name] if r["seed"] in baseline]
+        if not pairs:
+            lines.append([name, MISSING, NOT_RUN, MISSING, NOT_RUN, MISSING])
+            continue
+        groups = [([pair], str(pair[0]["seed"])) for pair in pairs]
+        if len(pairs) > 1:
+            groups.append((pairs, "pooled " + "+".join(str(r["seed"]) for r, _ in pairs)))
+        for group, label in groups:
+            texts, why = _paired_texts(group, references)
+            if texts is None:
+                lines.append([name, label, f"unavailable ({why})", MISSING, MISSING, MISSING])
+                continue
+            test = paired_bootstrap(*texts)
+            bleu, chrf = test["BLEU"], test["chrF2"]
+            lines.append([name, label, f"{bleu['baseline']:.2f} → {bleu['system']:.2f}",
+                          _p(bleu["p_value"]), f"{chrf['baseline']:.2f} → {chrf['system']:.2f}",
+                          _p(chrf["p_value"])])
+            notes = [f"Signatures: BLEU `{bleu['signature']}`, chrF `{chrf['signature']}`."]
+    if not runs[BASELINE]:
+        return intro + [f"No finished `{BASELINE}` run to compare against."]
+    return intro + markdown_table(header, lines) + ([""] + notes if notes else [])
+
+
+def _p(value: float) -> str:
+    return f"{value:.3f}" + (" *" if value < 0.05 else "")
+
+
+class _References:
+    """Raw references by path, read once, checked against the checksum each run recorded."""
+
+    def __init__(self) -> None:
+        self._lines: Dict[str, List[str]] = {}
+
+    def get(self, run: Dict[str, Any]) -> Tuple[Optional[List[str]], str]:
+        path, expected = run.get("raw_reference"), run.get("raw_reference_sha256")
+        if not path or not expected:
+            return None, "the run recorded no raw reference"
+        if not Path(path).is_file():
+            return None, f"reference {path} not found: prepare the scale's data"
+        if path not in self._lines:
+            if sha256_file(Path(path)) != expected:
+                return None, f"{path} is not the reference the run was scored against (checksum)"
+            self._lines[path] = read_lines(path)
+        return self._lines[path], ""
+
+
+def _paired_texts(pairs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], references: _References
+                  ) -> Tuple[Optional[Tuple[List[str], List[str], List[str]]], str]:
+    """(baseline hypotheses, row hypotheses, references), concatenated over ``pairs``; or (None, why)."""
+    base, system, refs = [], [], []
+    for run, base_run in pairs:
+        if run.get("raw_reference_sha256") != base_run.get("raw_reference_sha256"):
+            return None, f"seed {run['seed']}: the runs were scored against different references"
+        ref, why = references.get(run)
+        hyps = [record_hypotheses(r) for r in (base_run, run)]
+        if ref is None:
+            return None, why
+        if any(h is None for h in hyps):
+            return None, f"seed {run['seed']}: no saved hypotheses"
+        if any(len(h) != len(ref) for h in hyps):
+            return None, f"seed {run['seed']}: hypotheses and references differ in number"
+        base += hyps[0]
+        system += hyps[1]
+        refs += ref
+    return (base, system, refs), ""
+
+
+def runs_table(runs: Runs) -> List[str]:
+    """One line per run: its seed, BLEU and anything that made it differ from the config."""
+    header = ["row", "seed", "BLEU (tok.)", "sacreBLEU", "updates", "extra fairseq-train args", "run directory"]
+    lines = [
+        [name, str(r["seed"]), _optional(r.get("bleu_tokenized")), _optional(r.get("sacrebleu")),
+         str(r.get("num_updates")), " ".join(r.get("extra_train_args") or []) or "none",
+         f"`{_shown_path(r['run_dir'])}`"]
+        for name, rs in runs.items() for r in rs
+    ]
+    return markdown_table(header, lines) if lines else ["No finished runs."]
+
+
+def _optional(value: Optional[float]) -> str:
+    return MISSING if value is None else _bleu(value)
+
+
+def length_buckets(runs: Runs) -> List[Dict[str, Any]]:
+    """The bucket list of the first run that has BLEU by length (all runs share the test set)."""
+    for rs in runs.values():
+        for r in rs:
+            if r.get("bleu_by_length"):
+                return r["bleu_by_length"]["buckets"]
+    return []
+
+
+def bucket_bleus(run: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    return {b["bucket"]: b["bleu"] for b in (run.get("bleu_by_length") or {}).get("buckets", [])}
+
+
+def length_table(scale: Scale, runs: Runs) -> List[str]:
+    """BLEU per source-length bucket, one line per row; † marks buckets longer than any training sentence."""
+    assert scale.bucket_edges
+    buckets = length_buckets(runs)
+    unit = ("source length in words of the raw English (whitespace-separated, punctuation "
+            "attached), n = test sentences in the bucket. Tokenized compound-split BLEU per bucket")
+    if scale.length_study is not None:
+        intro = [f"Trained on sentences of at most {scale.max_train_len} source words; tested on "
+                 f"{scale.length_study.per_bucket} sentences per bucket of {unit}; "
+                 "† = longer than every training sentence.", ""]
+    elif scale.max_train_words is not None:
+        intro = [f"Trained on the training pairs of at most {scale.max_train_words} source words; "
+                 f"tested on the whole test set, by {unit}; † = longer than every training sentence.", ""]
+    else:
+        intro = [f"The whole test set by {unit}.", ""]
+    if not buckets:
+        return intro + ["No finished runs with BLEU by length."]
+    longer = scale.max_train_len
+    header = ["row"] + [
+        f"{b['bucket']}{' †' if longer is not None and b['low'] >= longer else ''} (n={b['sentences']})"
+        for b in buckets
+    ]
+    lines = []
+    for name in ROWS:
+        per_run = [bucket_bleus(r) for r in runs[name]]
+        if not per_run:
+            lines.append([name] + [NOT_RUN] * len(buckets))
+            continue
+        lines.append([name] + [cell([p.get(b["bucket"]) for p in per_run], _bleu) for b in buckets])
+    longest = _longest_training_pairs(runs)
+    note = [f"Longest training pair in BPE tokens (with EOS): {longest}; the learned row's "
+            "positions beyond it are untrained."] if longest else []
+    return intro + markdown_table(header, lines) + ([""] + note if note else [])
+
+
+def _longest_training_pairs(runs: Runs) -> str:
+    for rs in runs.values():
+        for r in rs:
+            longest = (r.get("bleu_by_length") or {}).get("longest_training_pair_tokens")
+            if longest:
+                return f"source {longest['source']}, target {longest['target']}"
+    return ""
+
+
+def commands(runs: Runs) -> List[str]:
+    """Each run's reproduce command and the fairseq-train command it ran (command.txt)."""
+    if not any(runs.values()):
+        return ["No finished runs."]
+    lines = ["```bash"]
+    for name, rs in runs.items():
+        for r in rs:
+            command_txt = Path(r["run_dir"]) / "command.txt"
+            ran = (command_txt.read_text(encoding="utf-8").strip() if command_txt.is_file()
+                   else f"# ({command_txt} is missing)")
+            lines += [f"# {name}, seed {r['seed']}", r.get("reproduce_command", ""),
+                      "# ran (command.txt):", ran, ""]
+    return lines[:-1] + ["```"]
+
+
+def _shown_path(path: Any) -> str:
+    """A path relative to the repository when inside it (the table is committed), else absolute."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path],
+                    records: Path) -> str:
+    n = sum(len(rs) for rs in runs.values())
+    now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
+    out = [
+        f"# The RoFormer table, scale `{scale.name}`",
+        "",
+        f"Scale: {scale.title}. Written by `scripts/reproduce_table.sh collect --scale {scale.name}` "
+        f"from {n} finished run(s) recorded in `{_shown_path(records)}` ({now}; the runs of "
+        f"`{_shown_path(scale_dir(work_dir, scale))}` are recorded there first); "
+        "rerun it rather than editing this file.",
+        "",
+    ]
+    if not scale.paper_comparable:
+        out += ["**The paper's numbers are BLEU on WMT14 En→De newstest2014 with Transformer-base; "
+                "they are not comparable with this scale** (other data, tiny models) and are shown "
+                "only to name the row each one stands for.", ""]
+    out += main_table(scale, runs) + ["", BLEU_NOTE, ""]
+    out += [f"![validation loss]({plots['valid_loss'].name}) ![BLEU]({plots['bleu'].name})", ""]
+    for study in SCALES.values():  # the length study of the same models, if any
+        if study.size == scale.size and study.is_length_study and study is not scale:
+            out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
+    if scale.data != "demo":
+        out += ["## Significance", ""] + significance_table(runs) + [""]
+    if scale.bucket_edges:
+        title = "Length extrapolation" if scale.is_length_study else "BLEU by source length"
+        out += [f"## {title}", ""] + length_table(scale, runs)
+        out += ["", f"![BLEU by length]({plots['bleu_by_length'].name})", ""]
+    out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(runs)
+    return "\n".join(out) + "\n"
+
+
+# --- Plots
+
+
+def _row_colors() -> Dict[str, str]:
+    """One color per row, the same in every plot."""
+    colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    return {name: colors[i % len(colors)] for i, name in enumerate(ROWS)}
+
+
+def plot_valid_loss(scale: Scale, runs: Runs, path: Path) -> None:
+    fig, ax = new_axes()
+    colors = _row_colors()
+    styles = ["-", "--", ":", "-."]
+    for name, rs in runs.items():
+        for j, r in enumerate(rs):
+            curve = r.get("valid_loss") or []
+            ax.plot([u for u, _ in curve], [loss for _, loss in curve], styles[j % len(styles)],
+                    color=colors[name], marker=".", label=f"{name}, seed {r['seed']}")
+    finish(fig, ax, path, any(runs.values()), xlabel="update",
+            ylabel="validation loss (label-smoothed cross-entropy, bits)",
+            title=f"Validation loss, scale {scale.name}")
+
+
+def plot_bleu(scale: Scale, runs: Runs, path: Path) -> None:
+    fig, ax = new_axes()
+    names, colors = list(ROWS), _row_colors()
+    for x, name in enumerate(names):
+        bleus = [r["bleu_tokenized"] for r in runs[name] if r.get("bleu_tokenized") is not None]
+        if not bleus:  # y in axes fraction: visible whatever the BLEU range
+            ax.text(x, 0.03, NOT_RUN, ha="center", va="bottom", rotation=90, color="gray",
+                    transform=ax.get_xaxis_transform())
+            continue
+        mean, std = mean_std(bleus)
+        ax.bar(x, mean, yerr=std or 0, capsize=6, color=colors[name], alpha=0.7)
+        ax.plot([x] * len(bleus), bleus, "k.", zorder=3)
+        ax.text(x + 0.1, mean, f"{mean:.2f}", ha="left", va="bottom", fontsize="small")
+    if scale.paper_comparable:
+        for x, name in enumerate(names):
+            for bleu, _ in ROWS[name].paper_bleu:
+                ax.plot(x, bleu, "rx", markersize=8)
+        ax.plot([], [], "rx", label="paper")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.0))
+    finish(fig, ax, path, any(runs.values()), legend=scale.paper_comparable,
+            ylabel="BLEU (tokenized, compound-split)",
+            title=f"BLEU per row, scale {scale.name} (bars: mean, error bars: std over seeds, dots: seeds)")
+
+
+def plot_bleu_by_length(scale: Scale, runs: Runs, path: Path) -> None:
+    assert scale.bucket_edges
+    fig, ax = new_axes()
+    buckets, colors = length_buckets(runs), _row_colors()
+    labels = [b["bucket"] for b in buckets]
+    for name in ROWS:
+        per_run = [bucket_bleus(r) for r in runs[name]]
+        points = [(x, [p[label] for p in per_run if p.get(label) is not None])
+                  for x, label in enumerate(labels)]
+        stats = [(x, *mean_std(vs)) for x, vs in points if vs]
+        if stats:
+            ax.errorbar([x for x, _, _ in stats], [m for _, m, _ in stats],
+                        yerr=[s or 0 for _, _, s in stats], marker="o", capsize=4,
+                        label=name, color=colors[name])
+    if buckets:
+        if scale.max_train_len is not None:
+            trained = sum(b["low"] < scale.max_train_len for b in buckets)
+            ax.axvline(trained - 0.5, color="gray", linestyle="--")
+            ax.text(trained - 0.45, 0.02, " longer than training", transform=ax.get_xaxis_transform(),
+                    color="gray", fontsize="small")
+        ax.set_xticks(range(len(labels)), labels)
+    finish(fig, ax, path, bool(buckets), xlabel="source length (raw English words)",
+            ylabel="BLEU (tokenized, compound-split)", title=f"BLEU by source length, scale {scale.name}")
+
+
+# --- Entry point
+
+
+def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
+    """Write ``<scale>.md`` and its plots into ``out_dir``; returns the written files.
+
+    The finished runs of ``work_dir`` are saved as records in ``out_dir/runs/``
+    first, and the table is made from every record there.
+    """
+    runs = finished_runs(work_dir, scale, out_dir / RECORDS)
+    plots = {"valid_loss": out_dir / f"{scale.name}_valid_loss.png",
+             "bleu": out_dir / f"{scale.name}_bleu.png"}
+    plot_valid_loss(scale, runs, plots["valid_loss"])
+    plot_bleu(scale, runs, plots["bleu"])
+    if scale.bucket_edges:
+        plots["bleu_by_length"] = out_dir / f"{scale.name}_bleu_by_length.png"
+        plot_bleu_by_length(scale, runs, plots["bleu_by_length"])
+    table = out_dir / f"{scale.name}.md"
+    base.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name))
+    return [table, *plots.values()]

@@ -1,0 +1,423 @@
+"""One command per row of the RoFormer table, and ``collect`` to make the table.
+
+``scripts/reproduce_table.sh ROW [--scale S] [--seed N] [-- EXTRA]`` runs one
+row at one scale (see :mod:`fairseq_rope.experiments.table` for rows, scales and the work
+directory layout), each step resumable:
+
+1. prepare the scale's data unless done: the demo corpus (or the
+   length-extrapolation corpus) through ``scripts/prepare_parallel.sh``, or
+   WMT14 through ``scripts/prepare_wmt14_en_de.sh``;
+2. train ``configs/<row>_<size>.yaml`` with ``scripts/train.sh`` and
+   ``--seed N`` (EXTRA fairseq-train arguments last); a rerun resumes an
+   unfinished run and leaves one that reached ``--max-update`` as it is;
+3. average the last 5 checkpoints, decode and score with ``scripts/evaluate.sh``
+   (skipped when training was and results exist); for ``demo-length`` also
+   BLEU per source-length bucket;
+4. write ``eval/run.json`` beside ``results.json``: the run's row, scale,
+   seed, config, arch, parameter count, training speed and wall time, number
+   of updates, BLEU and validation-loss curve — what ``collect`` tabulates.
+
+``scripts/reproduce_table.sh collect [--scale S]`` is :mod:`fairseq_rope.experiments.collect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+from fairseq_rope import base
+from fairseq_rope.experiments import collect
+from fairseq_rope.evaluation.averaging import tied_aliases
+from fairseq_rope.checkpoints import load_checkpoint
+from fairseq_rope.base import split_passthrough
+from fairseq_rope.data.demo_corpus import write_corpus
+from fairseq_rope.experiments.config import load_experiment, resolve_config
+from fairseq_rope.evaluation.bleu_by_length import length_report
+from fairseq_rope.experiments.length_corpus import write_length_corpus, write_short_pairs
+from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
+from fairseq_rope.data.prepare.pipeline import sha256_file
+from fairseq_rope.evaluation.scoring import infer_language_pair
+from fairseq_rope.experiments.table import (
+    DEFAULT_RESULTS_DIR,
+    DEFAULT_WORK_DIR,
+    REPO,
+    ROWS,
+    SCALES,
+    Row,
+    Scale,
+    TableError,
+    config_name,
+    data_dir,
+    get_row,
+    get_scale,
+    run_dir,
+    scale_dir,
+    summary_path,
+)
+
+SCRIPTS = REPO / "scripts"
+# The demo corpus and vocabulary of scripts/demo.sh.
+DEMO_CORPUS = {"train": 20000, "valid": 500, "test": 500}
+DEMO_VOCAB_SIZE = 2000
+# Set by reproduce_table.sh itself: an extra argument must not redirect them.
+RESERVED_EXTRA = ("--seed", "--save-dir", "--user-dir")
+# State-dict entries that are buffers, not parameters (fairseq's version
+# counters, the sinusoidal embeddings' device/dtype marker).
+BUFFER_NAMES = ("version", "_float_tensor")
+LOG_RECORD = re.compile(r"\| (train|valid) \| epoch \d+ \| (.*)$")
+DONE_TRAINING = re.compile(r"\| done training in ([\d.]+) seconds")
+
+WMT14_LENGTH_HELP = """\
+Length extrapolation: --scale demo-length trains a row on synthetic sentences of
+at most 14 words and tests on 6 buckets of 7 words up to 42 (150 sentences
+each); run.json gets BLEU per bucket and collect a length table and plot.
+The WMT14 analogue is not automated: keep the training pairs of at most 50 BPE
+tokens on both sides (filter WORK_DIR/wmt14/data/bpe/train.clean.{en,de} and
+binarize them with fairseq-preprocess --joined-dictionary --srcdict
+DATA_BIN/dict.en.txt so the vocabulary stays the same), train each row on that
+data-bin with the same config, evaluate on the full newstest2014 and run
+  scripts/bleu_by_length.py RUN_DIR/eval --edges 10,20,30,40,50,60,80
+(length in Moses-tokenized source words). Do not use --max-source-positions 50
+instead: it also caps the test sentences fairseq decodes and shrinks the learned
+row's table. The learned row keeps its 1024 positions, of which those past the
+longest training sentence stay untrained."""
+
+
+@dataclass
+class TrainLog:
+    """What fairseq-train's log (``--log-format simple``) says about a run."""
+
+    words_per_second: List[float] = field(default_factory=list)  # per epoch summary
+    # fairseq-train's "done training in X seconds", one per completed invocation.
+    # (Its `wall` field restarts at 0 when a run resumes, so it is not used.)
+    training_seconds: List[float] = field(default_factory=list)
+    num_updates: Optional[int] = None
+    valid_loss: Dict[int, float] = field(default_factory=dict)  # num_updates -> loss
+
+
+# --- Steps
+
+
+def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) -> Path:
+    """Prepare the scale's data unless done (every step resumes); return its data-bin."""
+    out = data_dir(work_dir, scale)
+    if scale.data in ("wmt14", "multi30k") and scale.max_train_words is None:
+        # data-bin/ appears atomically as the last step. Once it is there, do not
+        # rerun the preparation without --raw-dir: it would look for the release
+        # files in OUT/orig and download them if they were read from elsewhere.
+        if (out / "data-bin").is_dir() and raw_dir is None:
+            print(f"{scale.data} data already prepared in {out}", file=sys.stderr)
+        else:
+            script = "prepare_wmt14_en_de.sh" if scale.data == "wmt14" else "prepare_multi30k.sh"
+            _run([SCRIPTS / script, *(["--raw-dir", raw_dir] if raw_dir else []), out])
+        return out / "data-bin"
+    corpus = scale_dir(work_dir, scale) / "corpus"
+    vocab_size, clean = DEMO_VOCAB_SIZE, True
+    if scale.data == "multi30k":  # a length study: the short pairs of the full corpus
+        full = prepare_data(get_scale(scale.data), work_dir, raw_dir).parent / "raw"
+        write_short_pairs(full, corpus, scale.max_train_words)
+        vocab_size, clean = MULTI30K_VOCAB_SIZE, False
+    elif scale.length_study is not None:
+        write_length_corpus(corpus, scale.length_study)
+    elif not (corpus / "test.de").is_file():  # write_corpus writes test.de last
+        write_corpus(corpus, DEMO_CORPUS["train"], DEMO_CORPUS["valid"], DEMO_CORPUS["test"])
+    _run([SCRIPTS / "prepare_parallel.sh", "--src", "en", "--tgt", "de",
+          "--vocab-size", str(vocab_size), *([] if clean else ["--no-clean"]),
+          "--trainpref", corpus / "train", "--validpref", corpus / "valid",
+          "--testpref", corpus / "test", out])
+    return out / "data-bin"
+
+
+def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequence[str]) -> Optional[float]:
+    """``scripts/train.sh``, resuming ``save_dir``; returns its wall time in seconds.
+
+    A run whose log already reaches ``--max-update`` is left alone (returns
+    None): fairseq-train resuming it would still take one more update and
+    write another checkpoint, changing the run a rerun should only re-report.
+    """
+    max_update = option_value([*load_experiment(config).argv(), *extra], "--max-update")
+    log_file = save_dir / "train.log"
+    if max_update is not None and log_file.is_file():
+        done = parse_train_log(log_file.read_text(encoding="utf-8").splitlines()).num_updates
+        if done is not None and done >= int(max_update):
+            print(f"{save_dir}: already trained ({done} updates, --max-update {max_update})",
+                  file=sys.stderr)
+            return None
+    start = time.monotonic()
+    _run([SCRIPTS / "train.sh", config, data_bin, save_dir, "--seed", str(seed), *extra])
+    return time.monotonic() - start
+
+
+def evaluate(save_dir: Path, data_bin: Path) -> None:
+    """``scripts/evaluate.sh``: average the last 5 checkpoints, decode, score.
+
+    ``--force``: called only when training just changed the checkpoints or no
+    evaluation finished, so existing results are stale by construction.
+    """
+    _run([SCRIPTS / "evaluate.sh", save_dir, data_bin, "--force"])
+
+
+def _run(command: Sequence[Any]) -> None:
+    command = [str(c) for c in command]
+    print(f"\n==> {' '.join(shlex.quote(c) for c in command)}", file=sys.stderr, flush=True)
+    if subprocess.run(command).returncode != 0:
+        raise TableError(f"{Path(command[0]).name} failed (its output is above)")
+
+
+# --- The run's summary
+
+
+def parse_train_log(lines: Iterable[str]) -> TrainLog:
+    """Epoch summaries and validations of a fairseq-train log (appended to across resumes).
+
+    ``train | epoch ...`` lines give wps and num_updates; ``valid | epoch
+    ... | valid on 'valid' subset | loss X | ... | num_updates N`` lines the
+    validation loss at update N (a later line for the same update wins);
+    ``done training in X seconds`` the training time of each invocation.
+    """
+    log = TrainLog()
+    for line in lines:
+        done = DONE_TRAINING.search(line)
+        if done is not None:
+            log.training_seconds.append(float(done.group(1)))
+        m = LOG_RECORD.search(line.rstrip("\n"))
+        if m is None:
+            continue
+        fields = dict(part.split(" ", 1) for part in m.group(2).split(" | ") if " " in part)
+        if "num_updates" not in fields:
+            continue
+        updates = int(fields["num_updates"])
+        log.num_updates = max(updates, log.num_updates or 0)
+        if m.group(1) == "train":
+            if "wps" in fields:
+                log.words_per_second.append(float(fields["wps"]))
+        elif fields.get("valid") in (None, "on 'valid' subset") and "loss" in fields:
+            log.valid_loss[updates] = float(fields["loss"])
+    return log
+
+
+def count_parameters(model_state: Mapping[str, Any]) -> int:
+    """Elements of a checkpoint's model state: tied tensors once, buffers excluded."""
+    aliases = tied_aliases(model_state)
+    return sum(
+        value.numel() for key, value in model_state.items()
+        if key not in aliases and hasattr(value, "numel")
+        and key.rsplit(".", 1)[-1] not in BUFFER_NAMES
+    )
+
+
+def train_command(save_dir: Path) -> List[str]:
+    """The fairseq-train command of ``command.txt`` (written by train.sh), as arguments."""
+    lines = (save_dir / "command.txt").read_text(encoding="utf-8").splitlines()
+    return shlex.split(lines[-1])
+
+
+def option_value(argv: Sequence[str], option: str) -> Optional[str]:
+    """The value of the last ``option VALUE`` in ``argv`` (argparse: the last one wins)."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == option]
+    return values[-1] if values else None
+
+
+def longest_training_pair(data_bin: Path) -> Dict[str, int]:
+    """Longest source and target of the binarized training set, in tokens (with EOS)."""
+    from fairseq.data import data_utils
+
+    src, tgt = infer_language_pair(data_bin, "train")
+    longest = {}
+    for side, lang in (("source", src), ("target", tgt)):
+        # Keep the dataset alive while reading: its sizes are a view of its mmap,
+        # which it unmaps when garbage-collected (a segfault, not an exception).
+        dataset = data_utils.load_indexed_dataset(str(data_bin / f"train.{src}-{tgt}.{lang}"))
+        longest[side] = int(dataset.sizes.max())
+        del dataset
+    return longest
+
+
+def summarize_run(
+    row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
+    extra: Sequence[str] = (), timer_seconds: Optional[float] = None,
+    length: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint."""
+    results = _read_json(save_dir / "eval" / "results.json")
+    log = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
+    command = train_command(save_dir)
+    model_state = load_checkpoint(results["checkpoint"])["model"]
+    summary: Dict[str, Any] = {
+        "row": row.name,
+        "scale": scale.name,
+        "seed": seed,
+        "config": config.stem,
+        "config_path": str(config),
+        "arch": option_value(command, "--arch"),
+        "extra_train_args": list(extra),
+        "parameters": count_parameters(model_state),
+        "train_tokens_per_second": statistics.fmean(log.words_per_second) if log.words_per_second else None,
+        **_wall_time(log, timer_seconds),
+        "num_updates": log.num_updates,
+        "bleu_tokenized": results["bleu_tokenized"],
+        "sacrebleu": results.get("sacrebleu"),
+        "bleu_tokenized_signature": results.get("bleu_tokenized_signature"),
+        "sacrebleu_signature": results.get("sacrebleu_signature"),
+        "chrf": results.get("chrf"),
+        "chrf_signature": results.get("chrf_signature"),
+        "runaways": results.get("runaways"),
+        "num_test_sentences": results.get("num_sentences"),
+        "raw_reference": results.get("raw_reference"),
+        "raw_reference_sha256": _sha256(results.get("raw_reference")),
+        "checkpoint": results["checkpoint"],
+        "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
+        "reproduce_command": command_line,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    if length is not None:
+        summary["bleu_by_length"] = length
+    base.write_json(summary_path(save_dir), summary)
+    return summary
+
+
+def _sha256(path: Optional[str]) -> Optional[str]:
+    return sha256_file(Path(path)) if path and Path(path).is_file() else None
+
+
+def _wall_time(log: TrainLog, timer_seconds: Optional[float]) -> Dict[str, Any]:
+    if log.training_seconds:
+        return {"train_wall_seconds": sum(log.training_seconds),
+                "train_wall_source": "sum of fairseq-train's 'done training in' over "
+                                     f"{len(log.training_seconds)} invocation(s)"}
+    return {"train_wall_seconds": timer_seconds, "train_wall_source": "timer around train.sh"}
+
+
+def reproduce_command(
+    row: Row, scale: Scale, seed: int, extra: Sequence[str] = (), work_dir: Optional[Path] = None
+) -> str:
+    """The reproduce_table.sh command line of a run (``--work-dir`` only when not the default)."""
+    words = ["scripts/reproduce_table.sh", row.name, "--scale", scale.name, "--seed", str(seed)]
+    if work_dir is not None and Path(work_dir).resolve() != DEFAULT_WORK_DIR.resolve():
+        words += ["--work-dir", str(work_dir)]
+    if extra:
+        words += ["--", *extra]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def length_results(scale: Scale, save_dir: Path, data_bin: Path) -> Dict[str, Any]:
+    """BLEU per source-length bucket (raw English words) of the evaluated test set."""
+    assert scale.bucket_edges
+    report = length_report(save_dir / "eval" / "generate-test.txt", scale.bucket_edges,
+                           source_file=data_bin.parent / "raw" / "test.en")
+    base.write_json(save_dir / "eval" / "bleu_by_length.json", report)
+    return {**report, "max_train_len": scale.max_train_len,
+            "longest_training_pair_tokens": longest_training_pair(data_bin)}
+
+
+def reproduce_row(
+    row: Row, scale: Scale, seed: int, work_dir: Path, extra: Sequence[str] = (),
+    raw_dir: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Prepare, train, evaluate and summarize one run; returns its run.json."""
+    bad = [arg for arg in extra if arg.split("=", 1)[0] in RESERVED_EXTRA]
+    if bad:
+        raise TableError(f"{bad[0]} cannot be an extra fairseq-train argument: "
+                         "reproduce_table.sh sets it (use --seed / --work-dir)")
+    if raw_dir is not None and scale.data not in ("wmt14", "multi30k"):
+        raise TableError(f"--raw-dir is for the wmt14 and multi30k scales; scale {scale.name} "
+                         "generates its corpus")
+    config = resolve_config(config_name(row, scale))
+    data_bin = prepare_data(scale, work_dir, raw_dir)
+    save_dir = run_dir(work_dir, scale, row, seed)
+    seconds = train(config, data_bin, save_dir, seed, extra)
+    if seconds is not None or not (save_dir / "eval" / "results.json").is_file():
+        evaluate(save_dir, data_bin)
+    length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
+    command = reproduce_command(row, scale, seed, extra, work_dir)
+    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length)
+
+
+# --- Command line
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scripts/reproduce_table.sh",
+        usage="%(prog)s ROW [--scale SCALE] [--seed N] [--work-dir DIR] [--raw-dir DIR] "
+              "[-- extra fairseq-train args]\n       %(prog)s collect [--scale SCALE] "
+              "[--work-dir DIR] [--out-dir DIR]",
+        description="Run one row of the RoFormer table (prepare data, train, average, decode, "
+        "score, write RUN_DIR/eval/run.json), or `collect` the finished runs of a scale into "
+        "docs/results/SCALE.md with plots.",
+        epilog=f"rows: {', '.join(ROWS)}. scales: {', '.join(SCALES)}. "
+        "A run lives in WORK_DIR/SCALE/ROW/seedN; rerunning resumes it.\n\n" + WMT14_LENGTH_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("row", metavar="ROW", help=f"one of {', '.join(ROWS)}")
+    _add_common(parser)
+    parser.add_argument("--seed", type=int, default=1, help="training seed (default: 1)")
+    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives; multi30k, "
+                        "multi30k-length: directory with the six Multi30k release files "
+                        "(default: download them)")
+    return parser
+
+
+def _collect_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scripts/reproduce_table.sh collect",
+        description="Gather every finished run of a scale into a markdown table and plots.",
+    )
+    _add_common(parser)
+    parser.add_argument("--out-dir", default=str(DEFAULT_RESULTS_DIR),
+                        help="where SCALE.md and the plots go (default: docs/results)")
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scale", default="demo", help=f"one of {', '.join(SCALES)} (default: demo)")
+    parser.add_argument("--work-dir", default=str(DEFAULT_WORK_DIR),
+                        help="where data and runs live (default: work/ in the repository)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    try:
+        if own[:1] == ["collect"]:
+            if extra:
+                raise TableError("collect takes no extra fairseq-train arguments")
+            args = _collect_parser().parse_args(own[1:])
+            paths = collect.collect(get_scale(args.scale), Path(args.work_dir), Path(args.out_dir))
+            print("\n".join(map(str, paths)))
+            return 0
+        args = _run_parser().parse_args(own)
+        if args.row not in ROWS:
+            raise TableError(f"unknown row {args.row!r}; valid rows: {', '.join(ROWS)} "
+                             "(or `collect` to make the table)")
+        row, scale = get_row(args.row), get_scale(args.scale)
+        summary = reproduce_row(row, scale, args.seed, Path(args.work_dir).resolve(), extra, args.raw_dir)
+    except TableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{summary_path(run_dir(args.work_dir, scale, row, args.seed))}: "
+          f"BLEU {summary['bleu_tokenized']:.2f} (tokenized, compound-split), "
+          f"sacreBLEU {_format_optional(summary['sacrebleu'])}")
+    return 0
+
+
+def _format_optional(value: Optional[float]) -> str:
+    return "unavailable" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Runaway hypotheses: where their loops start, what forced decoding says, what decoding limits change.
+
+``scripts/runaway_study.py RUN_DIR... --out docs/results/NAME`` studies
+finished runs (``scripts/evaluate.sh`` done: ``eval/generate-test.txt`` and the
+averaged checkpoint). For each run:
+
+1. **Counts** (:func:`fairseq_rope.evaluation.scoring.runaways`): hypotheses longer than
+   1.5× their reference, and those stopped by the length limit.
+2. **Where loops start**: :func:`loop_start` finds the first unit repeated
+   three times in a row; its first word is compared with the longest target
+   the model saw in training (words of the de-BPE'd training targets) and with
+   the sentence's reference length.
+3. **Forced decoding**: ``fairseq-generate --score-reference`` scores each
+   reference under the same model. Beam search maximises
+   Σ log p / |y|^lenpen over hypotheses y with EOS (fairseq's ``finalize_hypos``);
+   a reference with a higher value than the runaway was there to be found (a
+   *search* error), a lower one means the model itself prefers the loop (a
+   *model* error).
+4. **Decoding variants**: the same checkpoint decoded again with a
+   length limit tied to the source (``--max-len-a 1.2 --max-len-b 10``) and
+   with length penalties 0.2 and 1.0, counting runaways and BLEU each time.
+
+Every row keeps one recipe: the variants are measurements, not a fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from fairseq_rope import base
+from fairseq_rope.base import command_line
+from fairseq_rope.evaluation.report import markdown_table
+from fairseq_rope.evaluation.decoding import TABLE_DECODING, generate
+from fairseq_rope.evaluation.scoring import (
+    ScoringError,
+    Translation,
+    check_test_set,
+    length_limits,
+    read_generate_output,
+    runaways,
+    subword_lengths,
+    tokenized_bleu,
+)
+
+BASELINE = TABLE_DECODING
+VARIANTS = {
+    "max-len 1.2x+10": {**BASELINE, "max_len_a": 1.2, "max_len_b": 10},
+    "lenpen 0.2": {**BASELINE, "lenpen": 0.2},
+    "lenpen 1.0": {**BASELINE, "lenpen": 1.0},
+}
+MAX_PERIOD = 8
+MIN_REPEATS = 3
+
+
+def loop_start(tokens: Sequence[str], max_period: int = MAX_PERIOD, min_repeats: int = MIN_REPEATS
+               ) -> Optional[Tuple[int, int]]:
+    """(index where the hypothesis first starts looping, the loop's period), or None if it never loops.
+
+    A loop is a unit of at most ``max_period`` tokens repeated at least
+    ``min_repeats`` times in a row, anywhere in the hypothesis (runaways loop,
+    drift to another loop, and may stop at the limit or with EOS). Of the
+    periods that qualify, the earliest start wins.
+    """
+    best: Optional[Tuple[int, int]] = None
+    for period in range(1, max_period + 1):
+        run = 0  # consecutive i with tokens[i] == tokens[i + period]
+        for i in range(len(tokens) - period):
+            run = run + 1 if tokens[i] == tokens[i + period] else 0
+            if run >= (min_repeats - 1) * period:
+                start = i - run + 1
+                if best is None or start < best[0]:
+                    best = (start, period)
+                break
+    return best
+
+
+def beam_objective(log_probs: Sequence[float], lenpen: float) -> float:
+    """fairseq's beam-search score of a finished hypothesis: Σ log p (EOS included) / length^lenpen."""
+    return sum(log_probs) / len(log_probs) ** lenpen
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A sequence's per-token log-probabilities (base 2, as fairseq-generate prints them; EOS last)."""
+
+    id: int
+    log_probs: Tuple[float, ...]
+
+
+def read_positional_scores(path: Path) -> Dict[int, Scored]:
+    """The first ``P-`` line of each id in a fairseq-generate output."""
+    scored: Dict[int, Scored] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("P-"):
+                tag, _, rest = line.rstrip("\n").partition("\t")
+                sid = int(tag[2:])
+                scored.setdefault(sid, Scored(sid, tuple(float(x) for x in rest.split())))
+    return scored
+
+
+def longest_training_target_words(data_dir: Path, tgt: str) -> int:
+    """Longest training target in Moses words (the binarized training text with BPE removed)."""
+    bpe = data_dir / "bpe"
+    path = bpe / f"train.clean.{tgt}" if (bpe / f"train.clean.{tgt}").is_file() else bpe / f"train.{tgt}"
+    with open(path, encoding="utf-8") as f:
+        return max(len(line.replace("@@ ", "").split()) for line in f)
+
+
+def decode_summary(translations: Sequence[Translation], limits: Sequence[int]) -> Dict[str, Any]:
+    counts = runaways(translations, limits)
+    bleu, _ = tokenized_bleu([t.hypothesis for t in translations], [t.reference or "" for t in translations])
+    return {"bleu_tokenized": bleu.score, "longer_than_ratio": counts["longer_than_ratio"],
+            "at_length_limit": counts["at_length_limit"], "ids": counts["longer_than_ratio_ids"]}
+
+
+def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> Dict[str, Any]:
+    """Everything the module docstring lists, for one evaluated run."""
+    eval_dir = run_dir / "eval"
+    results = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
+    data_bin = Path(results["data"])
+    checkpoint = Path(results["checkpoint"])
+    src, tgt = check_test_set(data_bin, "test")
+    sources = subword_lengths(data_bin, "test", src, tgt, src)
+    longest = longest_training_target_words(data_bin.parent, tgt)
+    baseline = read_generate_output(eval_dir / "generate-test.txt")
+    hyp_scores = read_positional_scores(eval_dir / "generate-test.txt")
+    summary = decode_summary(baseline, length_limits(sources, BASELINE["max_len_a"], BASELINE["max_len_b"]))
+
+    with tempfile.TemporaryDirectory(prefix="runaways.") as tmp:
+        forced_path = Path(tmp) / "forced.txt"
+        generate(checkpoint, data_bin, forced_path, "test", BASELINE, score_reference=True)
+        ref_scores = read_positional_scores(forced_path)
+        decoded = {}
+        for name, settings in variants.items():
+            out = Path(tmp) / f"{name}.txt"
+            generate(checkpoint, data_bin, out, "test", settings)
+            decoded[name] = {**settings, **decode_summary(
+                read_generate_output(out), length_limits(sources, settings["max_len_a"], settings["max_len_b"]))}
+
+    cases, preferred = analyse(baseline, summary["ids"], hyp_scores, ref_scores, BASELINE["lenpen"])
+    return {"run_dir": str(run_dir), "bleu_tokenized": summary["bleu_tokenized"],
+            "longer_than_ratio": summary["longer_than_ratio"], "at_length_limit": summary["at_length_limit"],
+            "longest_training_target_words": longest, "cases": cases,
+            "references_preferred_overall": preferred, "sentences": len(baseline),
+            "variants": decoded}
+
+
+def analyse(translations: Sequence[Translation], runaway_ids: Sequence[int], hyp_scores: Dict[int, Scored],
+            ref_scores: Dict[int, Scored], lenpen: float) -> Tuple[List[Dict[str, Any]], int]:
+    """Each runaway's loop and the search-or-model verdict; and over all sentences, how many
+    references beam search's objective ranks above the hypothesis it returned."""
+    by_id = {t.id: t for t in translations}
+    cases = []
+    for sid in runaway_ids:
+        t = by_id[sid]
+        words = t.hypothesis.split()
+        loop = loop_start(words)
+        hyp_obj = beam_objective(hyp_scores[sid].log_probs, lenpen)
+        ref_obj = beam_objective(ref_scores[sid].log_probs, lenpen)
+        cases.append({
+            "id": sid, "hypothesis_words": len(words), "reference_words": len((t.reference or "").split()),
+            "hypothesis_subwords": t.subwords, "loop_start_word": None if loop is None else loop[0],
+            "loop_period": None if loop is None else loop[1],
+            "hypothesis_objective": hyp_obj, "reference_objective": ref_obj,
+            "error": "search" if ref_obj > hyp_obj else "model",
+        })
+    preferred = sum(beam_objective(ref_scores[i].log_probs, lenpen) > beam_objective(hyp_scores[i].log_probs, lenpen)
+                    for i in by_id)
+    return cases, preferred
+
+
+def render(studies: Sequence[Dict[str, Any]], command: str) -> str:
+    out = [
+        "# Runaway hypotheses",
+        "",
+        f"Written by `{command}` on {datetime.date.today().isoformat()} "
+        "(fairseq_rope/experiments/runaways.py explains each measurement).",
+        "",
+        "## Counts and decoding variants",
+        "",
+        "Per run: test hypotheses longer than 1.5× their reference / stopped by the length limit, and "
+        "tokenized BLEU, with the tables' decoding (beam 4, lenpen 0.6, max-len-b 200) and variants of it.",
+        "",
+    ]
+    names = list(studies[0]["variants"]) if studies else []
+    header = ["run", "longest training target (words)", "beam 4, lenpen 0.6 (tables)"] + names
+    rows = [[f"`{s['run_dir']}`", str(s["longest_training_target_words"]),
+             f"{s['longer_than_ratio']}/{s['at_length_limit']}, BLEU {s['bleu_tokenized']:.2f}"]
+            + [f"{v['longer_than_ratio']}/{v['at_length_limit']}, BLEU {v['bleu_tokenized']:.2f}"
+               for v in s["variants"].values()] for s in studies]
+    out += markdown_table(header, rows) + ["", "## Each runaway", "",
+            "Loop start: first word of the first unit (≤ 8 words) repeated 3 times in a row (period in words). "
+            "Objective: fairseq's beam score Σ log₂ p / length^0.6 of the runaway and of the reference "
+            "under forced decoding; `search` = the reference scores higher, so beam search missed it; "
+            "`model` = the model prefers the loop.", ""]
+    rows = [[f"`{s['run_dir']}`", str(c["id"]), str(c["reference_words"]), str(c["hypothesis_words"]),
+             "—" if c["loop_start_word"] is None else f"{c['loop_start_word']} (period {c['loop_period']})",
+             str(s["longest_training_target_words"]), f"{c['hypothesis_objective']:.3f}",
+             f"{c['reference_objective']:.3f}", c["error"]]
+            for s in studies for c in s["cases"]]
+    out += markdown_table(["run", "id", "reference words", "hypothesis words", "loop starts at word",
+                           "longest training target", "objective: hypothesis", "objective: reference",
+                           "error"], rows) if rows else ["No runaways."]
+    out += ["", "Sentences whose reference scores higher than the beam's hypothesis (all test sentences): "
+            + "; ".join(f"`{s['run_dir']}` {s['references_preferred_overall']}/{s['sentences']}"
+                        for s in studies), ""]
+    return "\n".join(out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/runaway_study.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="evaluated run directories (SAVE_DIR)")
+    parser.add_argument("--out", type=Path, required=True, help="output path without suffix (.json, .md)")
+    args = parser.parse_args(argv)
+    command = command_line("scripts/runaway_study.py", argv)
+    try:
+        studies = [study_run(run) for run in args.runs]
+    except (ScoringError, OSError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    base.write_json(args.out.with_suffix(".json"), {"command": command, "runs": studies})
+    text = render(studies, command)
+    base.write_text(args.out.with_suffix(".md"), text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

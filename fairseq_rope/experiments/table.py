@@ -1,0 +1,233 @@
+"""The rows and scales of the RoFormer WMT14 En→De table, and where their runs live.
+
+A *row* is a position encoding (the paper's table has Transformer-base with
+sinusoidal positions, RPE and RoFormer; we add learned absolute positions), a
+*scale* a dataset and model size: ``wmt14`` (Transformer-base on WMT14, the
+paper's setting), ``multi30k`` (small models on the real Multi30k En→De
+captions, CPU), ``multi30k-length`` (those models trained on the shorter
+captions only, tested on all), ``demo`` (tiny models on the synthetic demo
+corpus, CPU) and ``demo-length`` (the demo models trained on short sentences,
+tested on longer ones). Row ``R`` at a scale of size ``S`` trains
+``configs/R_S.yaml``.
+
+Layout of a work directory (default ``work/`` in the repository)::
+
+    <work>/<scale>/corpus/              generated (demo scales) or length-filtered corpus
+    <work>/<scale>/data/                prepared data: raw/, tok/, bpe/, data-bin/
+    <work>/<scale>/<row>/seed<N>/       checkpoints, train.log, command.txt
+    <work>/<scale>/<row>/seed<N>/eval/  results.json, run.json (the run's summary)
+
+and of a results directory (default ``docs/results/``, committed)::
+
+    <results>/<scale>.md, *.png         the table and plots of a scale
+    <results>/runs/<scale>/<row>/seed<N>/   a finished run's record: run.json,
+                                        command.txt, hyps.detok.<tgt>.gz
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from fairseq_rope import base
+from fairseq_rope.base import FairseqRopeError, PathLike
+from fairseq_rope.experiments.length_corpus import LengthCorpus
+
+REPO = base.project_dir()
+DEFAULT_WORK_DIR = REPO / "work"
+DEFAULT_RESULTS_DIR = REPO / "docs" / "results"
+#: Under a results directory: the records of finished runs, by scale, row and seed.
+RECORDS = "runs"
+RUN_SUMMARY = "run.json"
+
+
+class TableError(FairseqRopeError, ValueError):
+    """An unknown row or scale, or a run directory that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of the table: a position encoding, and what the paper reports for it."""
+
+    name: str
+    title: str
+    paper_bleu: Tuple[Tuple[float, str], ...] = ()  # (BLEU on newstest2014, whose run)
+
+    @property
+    def paper(self) -> str:
+        """The paper's numbers as a table cell ("—" when the paper has no such row)."""
+        return " / ".join(f"{bleu} ({who})" for bleu, who in self.paper_bleu) or "—"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Data and model size of a set of runs; its rows train ``configs/<row>_<size>.yaml``.
+
+    ``data`` names the corpus (``demo``, ``wmt14``, ``multi30k``). BLEU is
+    reported per source-length bucket (``length_edges``, raw English words) when
+    the scale has edges; a length study trains on short sentences only: a
+    generated corpus (``length_study``) or the corpus's pairs of at most
+    ``max_train_words`` source words.
+    """
+
+    name: str
+    size: str
+    title: str
+    paper_comparable: bool
+    data: str
+    length_study: Optional[LengthCorpus] = None
+    length_edges: Tuple[int, ...] = ()
+    max_train_words: Optional[int] = None
+
+    @property
+    def bucket_edges(self) -> Tuple[int, ...]:
+        """Upper edges of the source-length buckets of the test set (empty: no buckets)."""
+        return tuple(self.length_study.edges) if self.length_study else self.length_edges
+
+    @property
+    def max_train_len(self) -> Optional[int]:
+        """Longest training source in raw words, for a length study; None otherwise."""
+        return self.length_study.max_train_len if self.length_study else self.max_train_words
+
+    @property
+    def is_length_study(self) -> bool:
+        return self.max_train_len is not None
+
+
+ROWS: Dict[str, Row] = {row.name: row for row in (
+    Row("sinusoidal", "Transformer, sinusoidal positions",
+        ((27.3, "Vaswani et al."), (26.5, "Shaw et al."))),
+    Row("learned", "Transformer, learned absolute positions"),
+    Row("rpe", "Transformer + RPE (Shaw et al. 2018)", ((26.8, "Shaw et al."),)),
+    Row("rope", "RoFormer (RoPE)", ((27.5, "Su et al."),)),
+)}
+
+#: Multi30k test2016 buckets (raw English words): 86, 455, 314, 101, 32 and 12 sentences.
+MULTI30K_EDGES = (8, 12, 16, 20, 25)
+#: The multi30k-length study trains on pairs of at most 12 English words: 62.5 %
+#: of the training pairs (18,117 of 29,000), and 54 % of test2016.
+MULTI30K_MAX_TRAIN_WORDS = 12
+
+SCALES: Dict[str, Scale] = {scale.name: scale for scale in (
+    Scale("wmt14", "base", "Transformer-base on WMT14 En→De (newstest2014)", paper_comparable=True,
+          data="wmt14"),
+    Scale("multi30k", "multi30k", "small Transformers (3+3 layers, d=256) on Multi30k En→De, "
+          "tested on test2016 (Flickr), CPU", paper_comparable=False, data="multi30k",
+          length_edges=MULTI30K_EDGES),
+    Scale("multi30k-length", "multi30k",
+          f"length extrapolation on real data: the multi30k models trained on the pairs of at most "
+          f"{MULTI30K_MAX_TRAIN_WORDS} English words, tested on all of test2016 (CPU)",
+          paper_comparable=False, data="multi30k", length_edges=MULTI30K_EDGES,
+          max_train_words=MULTI30K_MAX_TRAIN_WORDS),
+    Scale("demo", "demo", "tiny models on the synthetic demo corpus (CPU)", paper_comparable=False,
+          data="demo"),
+    Scale("demo-length", "demo",
+          "length extrapolation: tiny models trained on short sentences of the synthetic "
+          "demo corpus, tested on longer ones (CPU)",
+          paper_comparable=False, data="demo", length_study=LengthCorpus()),
+)}
+
+
+def get_row(name: str) -> Row:
+    if name not in ROWS:
+        raise TableError(f"unknown row {name!r}; valid rows: {', '.join(ROWS)}")
+    return ROWS[name]
+
+
+def get_scale(name: str) -> Scale:
+    if name not in SCALES:
+        raise TableError(f"unknown scale {name!r}; valid scales: {', '.join(SCALES)}")
+    return SCALES[name]
+
+
+def config_name(row: Row, scale: Scale) -> str:
+    """The experiment config of ``row`` at ``scale`` (a name in ``configs/``)."""
+    return f"{row.name}_{scale.size}"
+
+
+def scale_dir(work_dir: PathLike, scale: Scale) -> Path:
+    return Path(work_dir) / scale.name
+
+
+def data_dir(work_dir: PathLike, scale: Scale) -> Path:
+    """Prepared data of a scale (``prepare_parallel.sh``/``prepare_wmt14_en_de.sh`` output)."""
+    return scale_dir(work_dir, scale) / "data"
+
+
+def run_dir(work_dir: PathLike, scale: Scale, row: Row, seed: int) -> Path:
+    """Checkpoints and logs of one run (``scripts/train.sh``'s SAVE_DIR)."""
+    return scale_dir(work_dir, scale) / row.name / f"seed{seed}"
+
+
+def summary_path(run: PathLike) -> Path:
+    """``run.json`` of a run directory, beside scripts/evaluate.sh's results.json."""
+    return Path(run) / "eval" / RUN_SUMMARY
+
+
+def finished_runs(work_dir: PathLike, scale: Scale,
+                  records_dir: Optional[PathLike] = None) -> Dict[str, List[Dict[str, Any]]]:
+    """Every row's finished runs (those with a ``run.json``), in seed order; ``[]`` for rows not run.
+
+    With ``records_dir``, the runs finished in ``work_dir`` are first saved as
+    records in ``records_dir/<scale>/<row>/seed<N>/`` (see :func:`save_record`),
+    replacing older records of the same run, and the table is made from all the
+    records: runs whose work directory is gone (another machine, an earlier
+    session) stay in it. Each run's ``run_dir`` is then its record.
+    """
+    runs: Dict[str, List[Dict[str, Any]]] = {}
+    for name in ROWS:
+        found = [(path.parent.parent, _read_run(path, name, scale))
+                 for path in (scale_dir(work_dir, scale) / name).glob(f"seed*/eval/{RUN_SUMMARY}")]
+        if records_dir is not None:
+            for run, _ in found:
+                save_record(run, Path(records_dir) / scale.name / name / run.name)
+            found = [(path.parent, _read_run(path, name, scale))
+                     for path in (Path(records_dir) / scale.name / name).glob(f"seed*/{RUN_SUMMARY}")]
+        runs[name] = sorted(({**summary, "run_dir": str(run)} for run, summary in found),
+                            key=lambda s: s["seed"])
+    return runs
+
+
+def save_record(run: Path, record: Path) -> None:
+    """What a table needs of a finished run, kept apart from its checkpoints: ``run.json``,
+    ``command.txt`` and the detokenized test hypotheses (gzipped) for significance tests."""
+    record.mkdir(parents=True, exist_ok=True)
+    for source in (run / "eval" / RUN_SUMMARY, run / "command.txt"):
+        if source.is_file():
+            base.write_text(record / source.name, source.read_text(encoding="utf-8"))
+    for hyps in (run / "eval").glob("hyps.detok.*"):
+        with base.atomic_path(record / f"{hyps.name}.gz") as tmp:
+            # mtime 0: the same hypotheses give the same bytes, so git sees no change.
+            with open(hyps, "rb") as src, gzip.GzipFile(tmp, "wb", mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
+
+
+def record_hypotheses(run: Mapping[str, Any]) -> Optional[List[str]]:
+    """A run's detokenized test hypotheses, from its record or its evaluation; None if neither has them."""
+    run_dir = Path(run["run_dir"])
+    for path in sorted(run_dir.glob("hyps.detok.*.gz")):
+        with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
+            return f.read().splitlines()
+    for path in sorted((run_dir / "eval").glob("hyps.detok.*")):
+        return path.read_text(encoding="utf-8").splitlines()
+    return None
+
+
+def _read_run(path: Path, name: str, scale: Scale) -> Dict[str, Any]:
+    summary = _read_summary(path)
+    if (summary.get("row"), summary.get("scale")) != (name, scale.name):
+        raise TableError(f"{path} is a run of row {summary.get('row')!r} at scale "
+                         f"{summary.get('scale')!r}, but lies in {name}/ of {scale.name}")
+    return summary
+
+
+def _read_summary(path: Path) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise TableError(f"cannot read run summary {path}: {e}") from e

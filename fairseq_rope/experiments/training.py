@@ -1,0 +1,251 @@
+"""``scripts/train.sh``'s checks before training, and the record of the run it starts.
+
+``python -m fairseq_rope.experiments.training [--force] CONFIG DATA_BIN SAVE_DIR [-- EXTRA...]``
+checks everything that can be checked before fairseq starts, and only then
+writes ``SAVE_DIR/command.txt`` and a header line in ``SAVE_DIR/train.log`` and
+prints the fairseq-train arguments, NUL-terminated, for ``mapfile -d ''``.
+A failed check exits with status 2 and an ``error:`` line naming the culprit,
+having created or changed nothing:
+
+- CONFIG must be a config (see :mod:`fairseq_rope.experiments.config`);
+- DATA_BIN must be a readable fairseq-preprocess directory: ``dict.*.txt`` and
+  the binarized training and validation splits (``SPLIT.*.idx`` + ``.bin``);
+- SAVE_DIR must not hold checkpoints of a *different* run.
+
+Same run
+--------
+Rerunning ``train.sh`` unchanged resumes from ``SAVE_DIR/checkpoint_last.pt``
+(fairseq restores model, optimizer, lr schedule, data iterator position and
+RNG seeds). A run is identified by its resolved fairseq-train command, recorded
+in ``command.txt``: the same data-bin (as a resolved path) and the same options
+after the config is expanded, except the options that only say how long to
+train and how often to validate, save and log (:data:`SCHEDULE_OPTIONS`), so
+that e.g. ``--max-update 200000`` continues a finished run. Editing a config's
+comments changes nothing; changing one of its options does. When the
+difference is intended (resuming with another ``--update-freq`` on other
+hardware, say), ``--force`` continues from the checkpoints with the new
+arguments, which become the recorded command. A SAVE_DIR with checkpoints but
+no ``command.txt`` (made by fairseq-train directly) needs ``--force`` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from fairseq_rope import base
+from fairseq_rope.base import FairseqRopeError, split_passthrough
+from fairseq_rope.experiments.config import DEFAULT_CONFIG_DIR, ConfigError, load_experiment, training_argv
+
+PROGRAM = "fairseq-train"
+COMMAND_FILE = "command.txt"
+LOG_FILE = "train.log"
+# Options that may differ between the runs of one SAVE_DIR: when to stop, and
+# how often to validate, save and log. None of them changes the model, the
+# data or the update rule, so a run continued with other values is the same run.
+SCHEDULE_OPTIONS = frozenset({
+    "max-update", "max-epoch", "stop-time-hours", "stop-min-lr", "patience",
+    "save-interval", "save-interval-updates", "keep-interval-updates", "keep-last-epochs",
+    "keep-best-checkpoints", "no-epoch-checkpoints", "validate-interval",
+    "validate-interval-updates", "log-interval", "log-format", "log-file",
+    "tensorboard-logdir", "wandb-project", "no-progress-bar", "num-workers",
+})
+# Set by train.sh from its own arguments; the plugin's path moves with the repository;
+# how processes find each other (docs/distributed.md) changes with every job.
+UNCOMPARED_OPTIONS = frozenset({
+    "save-dir", "user-dir", "distributed-port", "distributed-init-method",
+    "distributed-rank", "device-id", "distributed-no-spawn",
+})
+HINT = ("use another SAVE_DIR for a new run, rerun with the recorded command (SAVE_DIR/command.txt) "
+        "to resume this one, or pass --force to continue from its checkpoints with the new arguments")
+
+Options = Dict[str, Tuple[str, ...]]
+
+
+class TrainingError(FairseqRopeError, ValueError):
+    """Bad input to train.sh, reported before anything is written."""
+
+
+# --- DATA_BIN
+
+
+def check_data_bin(data: str, argv: Sequence[str]) -> None:
+    """Raise unless every ``:``-separated path of ``data`` is a readable, complete data-bin."""
+    _, options = parse_command(argv)
+    subsets = [_last(options, "train-subset", "train")]
+    if "disable-validation" not in options:
+        subsets += _last(options, "valid-subset", "valid").split(",")
+    for path in map(Path, data.split(":")):  # fairseq's sharded data: one data-bin per epoch
+        _check_one_data_bin(path, subsets)
+
+
+def _check_one_data_bin(path: Path, subsets: Sequence[str]) -> None:
+    fix = "(DATA_BIN is the data-bin/ directory written by scripts/prepare_parallel.sh or " \
+          "scripts/prepare_wmt14_en_de.sh)"
+    if not path.is_dir():
+        what = "not a directory" if path.exists() else "no such directory"
+        raise TrainingError(f"DATA_BIN {path}: {what} {fix}")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise TrainingError(f"DATA_BIN {path}: not readable (check its permissions)")
+    if not list(path.glob("dict.*.txt")):
+        raise TrainingError(f"DATA_BIN {path}: no dictionary (dict.*.txt); not a fairseq-preprocess output? {fix}")
+    for subset in subsets:
+        indexes = list(path.glob(f"{subset}.*.idx"))
+        missing = [p.with_suffix(".bin").name for p in indexes if not p.with_suffix(".bin").is_file()]
+        if not indexes or missing:
+            detail = f"{', '.join(missing)} missing" if missing else f"no {subset}.*.idx/.bin files"
+            raise TrainingError(f"DATA_BIN {path}: the binarized {subset!r} split is incomplete "
+                                f"({detail}); rerun the preparation that wrote it {fix}")
+        unreadable = [p.name for p in indexes if not os.access(p, os.R_OK)
+                      or not os.access(p.with_suffix(".bin"), os.R_OK)]
+        if unreadable:
+            raise TrainingError(f"DATA_BIN {path}: {', '.join(unreadable)} not readable (check permissions)")
+
+
+def check_options(argv: Sequence[str]) -> None:
+    """Parse ``argv`` as fairseq-train will, architecture defaults and the plugin's option
+    checks included, so that a misspelt or invalid option fails before SAVE_DIR exists."""
+    from fairseq import options
+
+    try:
+        options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
+    except SystemExit:  # argparse has printed the usage and what is wrong
+        raise TrainingError("fairseq-train does not accept these options (see the message above)") from None
+    except ValueError as e:
+        raise TrainingError(f"invalid option: {e}") from None
+
+
+# --- SAVE_DIR: same run or not
+
+
+def parse_command(argv: Sequence[str]) -> Tuple[List[str], Options]:
+    """(positional arguments, options) of fairseq-train arguments, argparse-style.
+
+    ``--name=value`` and ``--name value...`` are the same; a repeated option
+    keeps its last values, as argparse does.
+    """
+    positional: List[str] = []
+    options: Options = {}
+    name: Optional[str] = None
+    for arg in argv:
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            options[name] = (value,) if eq else ()
+            if eq:
+                name = None
+        elif name is not None:
+            options[name] += (arg,)
+        else:
+            positional.append(arg)
+    return positional, options
+
+
+def _last(options: Options, name: str, default: str) -> str:
+    values = options.get(name)
+    return values[-1] if values else default
+
+
+def _resolved_data(data: str, cwd: str) -> str:
+    return ":".join(os.path.realpath(os.path.join(cwd, part)) for part in data.split(":"))
+
+
+def run_differences(recorded: Sequence[str], recorded_cwd: str, new: Sequence[str], new_cwd: str) -> List[str]:
+    """What makes ``new`` another run than ``recorded`` (fairseq-train arguments), one line each."""
+    (old_pos, old_opts), (new_pos, new_opts) = parse_command(recorded), parse_command(new)
+    old_pos = [_resolved_data(old_pos[0], recorded_cwd), *old_pos[1:]] if old_pos else []
+    new_pos = [_resolved_data(new_pos[0], new_cwd), *new_pos[1:]] if new_pos else []
+    diffs = [] if old_pos == new_pos else [f"data: {' '.join(old_pos)} -> {' '.join(new_pos)}"]
+    for name in sorted((set(old_opts) | set(new_opts)) - SCHEDULE_OPTIONS - UNCOMPARED_OPTIONS):
+        before, after = old_opts.get(name), new_opts.get(name)
+        if before != after:
+            diffs.append(f"--{name}: {_show(before)} -> {_show(after)}")
+    return diffs
+
+
+def _show(values: Optional[Tuple[str, ...]]) -> str:
+    if values is None:
+        return "(not given)"
+    return " ".join(shlex.quote(v) for v in values) if values else "(flag set)"
+
+
+def read_command(save_dir: Path) -> Tuple[str, List[str]]:
+    """(directory, fairseq-train arguments) recorded in ``save_dir/command.txt``."""
+    lines = (save_dir / COMMAND_FILE).read_text(encoding="utf-8").splitlines()
+    cd, command = shlex.split(lines[0]), shlex.split(lines[1])
+    if cd[:1] != ["cd"] or len(cd) != 2 or command[:1] != [PROGRAM]:
+        raise ValueError("not a 'cd DIR' line followed by a fairseq-train command")
+    return cd[1], command[1:]
+
+
+def check_save_dir(save_dir: Path, argv: Sequence[str], cwd: str, force: bool) -> None:
+    """Raise if ``save_dir`` cannot be written, or holds checkpoints of another run (unless ``force``)."""
+    if save_dir.exists() and not save_dir.is_dir():
+        raise TrainingError(f"SAVE_DIR {save_dir}: exists and is not a directory")
+    existing = save_dir if save_dir.exists() else next(p for p in save_dir.parents if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TrainingError(f"SAVE_DIR {save_dir}: {existing} is not writable")
+    checkpoints = sorted(p.name for p in save_dir.glob("checkpoint*.pt")) if save_dir.is_dir() else []
+    if not checkpoints or force:
+        return
+    try:
+        recorded_cwd, recorded = read_command(save_dir)
+    except (OSError, IndexError, ValueError) as e:
+        raise TrainingError(
+            f"SAVE_DIR {save_dir} holds checkpoints ({checkpoints[0]}, ...) but no readable "
+            f"{COMMAND_FILE} ({e}), so it cannot tell whether they are of this run; {HINT}") from None
+    diffs = run_differences(recorded, recorded_cwd, argv, cwd)
+    if diffs:
+        raise TrainingError(
+            f"SAVE_DIR {save_dir} holds checkpoints of a different run (recorded in "
+            f"{save_dir / COMMAND_FILE}); it differs in:\n  " + "\n  ".join(diffs) + f"\n{HINT}")
+
+
+def record_run(save_dir: Path, argv: Sequence[str], cwd: str) -> None:
+    """Write ``command.txt`` (the latest run's command) and a header line in ``train.log``."""
+    command = shlex.join([PROGRAM, *argv])
+    base.write_text(save_dir / COMMAND_FILE, f"{shlex.join(['cd', cwd])}\n{command}\n")
+    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    with open(save_dir / LOG_FILE, "a", encoding="utf-8") as log:
+        log.write(f"# {stamp} {socket.gethostname()} in {cwd}: {command}\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_rope.experiments.training",
+        description="Check train.sh's inputs, record the run in SAVE_DIR and print the "
+        "fairseq-train arguments (NUL-terminated).",
+    )
+    parser.add_argument("--force", action="store_true",
+                        help="continue from SAVE_DIR's checkpoints even if they are of a different run")
+    parser.add_argument("--config-dir", default=str(DEFAULT_CONFIG_DIR), help="where named configs live")
+    parser.add_argument("config")
+    parser.add_argument("data_bin")
+    parser.add_argument("save_dir")
+    args = parser.parse_args(own)
+    cwd = os.getcwd()
+    try:
+        if "--force" in extra:  # fairseq-train would reject it, after the checks said "different run"
+            raise TrainingError("--force goes before CONFIG: train.sh --force CONFIG DATA_BIN SAVE_DIR ...")
+        train_argv = training_argv(load_experiment(args.config, args.config_dir),
+                                   args.data_bin, args.save_dir, extra)
+        check_data_bin(args.data_bin, train_argv)
+        check_options(train_argv)
+        check_save_dir(Path(args.save_dir), train_argv, cwd, args.force)
+        Path(args.save_dir).mkdir(parents=True, exist_ok=True)
+        record_run(Path(args.save_dir), train_argv, cwd)
+    except (ConfigError, TrainingError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write("".join(a + "\0" for a in train_argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

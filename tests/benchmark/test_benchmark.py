@@ -1,0 +1,146 @@
+"""The benchmark suite (scripts/benchmark.py): its smoke run end to end, as a
+subprocess, and its pure parts. Timings are never asserted; structure,
+correctness of the compared operators and the memory accounting are."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+
+from fairseq_rope.benchmark import cli, report
+from fairseq_rope.benchmark.memory import peak_during, tensor_bytes
+from fairseq_rope.benchmark.ops import OP_CANDIDATES
+from fairseq_rope.benchmark.timing import interleaved, summarize
+
+from tests.conftest import REPO
+
+ROWS = ["sinusoidal", "learned", "rpe", "rope"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--smoke", "--out-dir", str(out),
+         "--threads", "1", "--name", "smoke"],
+        cwd=REPO, capture_output=True, text=True, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "rope÷naive" in result.stdout and "# targets" in result.stdout
+    return out
+
+
+def _load(smoke: Path) -> dict:
+    return json.loads((smoke / "smoke.json").read_text())
+
+
+def test_smoke_ops_structure_and_same_operator(smoke: Path) -> None:
+    ops = _load(smoke)["ops"]["fp32"]
+    assert [e["length"] for e in ops] == [32, 64]
+    for e in ops:
+        assert set(e["candidates"]) == set(OP_CANDIDATES)
+        assert e["bytes_moved"] == 4 * e["batch"] * e["heads"] * e["length"] * e["head_dim"] * 4
+        for c in e["candidates"].values():
+            assert c["n"] == 2 and 0 < c["min"] <= c["q1"] <= c["median"] <= c["q3"] <= c["max"]
+            assert c["bytes_per_s"] == pytest.approx(e["bytes_moved"] / c["median"])
+        # The compared rotations compute the same operator as the reference.
+        errors = e["max_abs_error_vs_naive"]
+        assert errors["rope"] < 1e-5 and errors["rope_half"] < 1e-5 and errors["fairseq"] < 1e-4
+        t = {n: c["median"] for n, c in e["candidates"].items()}
+        assert e["ratios"]["rope_over_naive"] == pytest.approx(t["rope"] / t["naive"])
+        assert e["ratios"]["rope_bytes_per_s_over_copy"] == pytest.approx(t["copy"] / t["rope"])
+
+
+def test_smoke_models_structure(smoke: Path) -> None:
+    models = _load(smoke)["models"]["fp32"]
+    assert list(models["rows"]) == ROWS
+    params = {n: r["params"] for n, r in models["rows"].items()}
+    assert params["rope"] == params["sinusoidal"] < params["learned"]  # identical dims
+    assert [e["length"] for e in models["train"]] == [8, 16]
+    for e in models["train"]:
+        assert list(e["rows"]) == ROWS
+        for r in e["rows"].values():
+            assert r["tokens_per_s"] > 0 and r["n"] == 2
+            assert r["peak_bytes"] == r["persistent_bytes"] + r["step_peak_bytes"]
+            assert r["persistent_bytes"] > 0 and r["step_peak_bytes"] > 0
+        assert set(e["ratios"]) == {"learned_over_stock", "rpe_over_stock", "rope_over_stock"}
+    (decode,) = models["decode"]
+    for r in decode["rows"].values():
+        assert r["output_lengths"] == [decode["length"] + 1]  # forced length + EOS, every row
+        assert r["sentences_per_s"] > 0
+
+
+def test_smoke_report_files(smoke: Path) -> None:
+    data = _load(smoke)
+    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["torch_threads"] == 1
+    assert data["command"].split()[:2] == ["scripts/benchmark.py", "--smoke"]
+    targets = data["targets"]
+    assert len(targets) == 5
+    assert all(t["status"] in {"met", "within tolerance", "not met"} for t in targets)
+    md = (smoke / "smoke.md").read_text()
+    for section in ("## Machine", "## Targets", "## Op level", "## Model level", data["command"]):
+        assert section in md
+    assert all(t["target"] in md for t in targets)
+    assert set(data["plots"]) == {"ops", "train", "decode"}
+    for png in data["plots"].values():
+        assert f"]({png})" in md
+        assert (smoke / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoke_requires_out_dir(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--smoke"])
+    assert exit_info.value.code == 2 and "--out-dir" in capsys.readouterr().err
+
+
+def test_summarize_quartiles() -> None:
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0], calls_per_sample=3)
+    assert (s.median, s.q1, s.q3, s.min, s.max, s.n, s.calls_per_sample) == (3, 2, 4, 1, 5, 5, 3)
+
+
+def test_interleaved_rotates_the_order() -> None:
+    calls: List[str] = []
+    candidates = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    stats = interleaved(candidates, reps=3, device=torch.device("cpu"), warmup=1)
+    assert calls[:3] == list("abc")  # warmup
+    assert calls[3:] == list("abc" "bca" "cab")
+    assert all(s.n == 3 for s in stats.values())
+
+
+def test_cpu_peak_memory_counts_live_tensors() -> None:
+    x = torch.ones(1 << 20)  # 4 MiB, allocated before: not counted
+
+    def step() -> None:
+        y = x * 2  # 4 MiB live …
+        z = y + 1  # … 8 MiB live
+        del y
+        del z
+
+    peak = peak_during(step, torch.device("cpu"))
+    assert 8 << 20 <= peak < (8 << 20) + 4096
+    assert tensor_bytes([x, x.view(2, -1), x[:10]]) == 4 << 20  # views counted once
+
+
+def test_targets_statuses() -> None:
+    def ratios(rope_over_stock: float) -> dict:
+        return {"rope_over_stock": {"tokens_per_s": rope_over_stock, "peak_bytes": 1.0,
+                                    "sentences_per_s": 1.0}}
+
+    results = {"ops": {"fp32": [{"length": 32, "ratios": {"rope_over_naive": 0.4,
+                                                          "rope_bytes_per_s_over_copy": 0.3}}]},
+               "models": {"fp32": {"train": [{"length": 32, "ratios": ratios(1.02)},
+                                             {"length": 64, "ratios": ratios(0.98)}]}}}
+    status = {t["target"]: (t["status"], t["worst"]) for t in report.evaluate_targets(results)}
+    assert status["training tokens/s, RoPE ÷ stock"] == ("within tolerance", 0.98)
+    assert status["beam-4 decoding sentences/s, RoPE ÷ stock"] == ("not measured", None)
+    assert status["peak training memory, RoPE ÷ stock"] == ("met", 1.0)
+    assert status["RoPE apply time ÷ naive rotate-half"] == ("met", 0.4)
+    assert status["RoPE apply bytes/s ÷ copy bytes/s"] == ("not met", 0.3)

@@ -1,0 +1,55 @@
+"""The multi30k scales end to end on a tiny synthetic corpus of the release's layout:
+prepare, one command per cell, collect (significance, chrF, runaways, BLEU by length)."""
+
+from __future__ import annotations
+
+import json
+
+from fairseq_rope.experiments import reproduce
+from fairseq_rope.data.prepare import multi30k
+from fairseq_rope.experiments.table import SCALES
+
+from tests.data.prepare.conftest import TINY_VOCAB, run_cli, write_multi30k_release
+
+# A few updates, an update checkpoint after each (evaluate.sh averages the last 5), and a
+# narrower model than the recipe's (test_reproduce checks the recipe's): the harness is tested here.
+SHORT_RUN = ["--", "--max-update", "6", "--save-interval-updates", "1", "--max-tokens", "1024",
+             "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "64",
+             "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
+
+
+def test_cells_of_both_multi30k_scales_and_their_tables(tmp_path, monkeypatch):
+    table, _ = write_multi30k_release(tmp_path / "raw")
+    monkeypatch.setattr(multi30k, "TASK1", table)  # the tiny files' own checksums
+    work, results = tmp_path / "work", tmp_path / "results"
+    # The recipe reproduce_table.sh runs (scripts/prepare_multi30k.sh), in-process for the checksums.
+    prepared = run_cli("multi30k", "--raw-dir", tmp_path / "raw", "--offline", "--vocab-size", TINY_VOCAB,
+                       "--workers", 1, work / "multi30k" / "data")
+    assert prepared.rc == 0, prepared.err
+
+    for row in ("sinusoidal", "rope"):
+        assert reproduce.main([row, "--scale", "multi30k", "--seed", "1", "--work-dir", str(work),
+                               *SHORT_RUN]) == 0
+    summary = json.loads((work / "multi30k" / "rope" / "seed1" / "eval" / "run.json").read_text())
+    assert summary["arch"] == "transformer_rope_wmt_en_de" and summary["num_test_sentences"] == 25
+    assert summary["chrf"] is not None and summary["raw_reference_sha256"]
+    assert summary["runaways"]["at_length_limit"] is not None
+    assert [b["bucket"] for b in summary["bleu_by_length"]["buckets"]][:2] == ["1-8", "9-12"]
+
+    reproduce.collect.collect(SCALES["multi30k"], work, results)
+    md = (results / "multi30k.md").read_text()
+    assert "## Significance" in md and "## BLEU by source length" in md
+    significance = md.split("## Significance")[1].split("\n## ")[0]
+    rope_p = [line for line in significance.splitlines() if line.startswith("| rope | 1 |")]
+    assert len(rope_p) == 1 and "unavailable" not in rope_p[0]
+    assert (results / "runs" / "multi30k" / "rope" / "seed1" / "hyps.detok.de.gz").is_file()
+
+    # The length study: the short training pairs of the same prepared corpus, the whole test set.
+    assert reproduce.main(["rope", "--scale", "multi30k-length", "--seed", "1", "--work-dir", str(work),
+                           *SHORT_RUN]) == 0
+    corpus = work / "multi30k-length" / "corpus"
+    limit = SCALES["multi30k-length"].max_train_words
+    assert all(len(line.split()) <= limit for line in (corpus / "train.en").read_text().splitlines())
+    assert len((corpus / "test.en").read_text().splitlines()) == 25
+    reproduce.collect.collect(SCALES["multi30k-length"], work, results)
+    assert "## Length extrapolation" in (results / "multi30k-length.md").read_text()

@@ -1,0 +1,477 @@
+"""The table harness: row configs, run summaries, and `collect` on fake finished runs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import pytest
+import torch
+
+from fairseq_rope.experiments import collect, reproduce
+from fairseq_rope.evaluation.averaging import average_checkpoints
+from fairseq_rope.experiments.config import load_experiment
+from fairseq_rope.experiments.table import (
+    ROWS,
+    SCALES,
+    TableError,
+    config_name,
+    get_row,
+    get_scale,
+    run_dir,
+    summary_path,
+)
+from tests.conftest import build_model
+
+SIZES = sorted({scale.size for scale in SCALES.values()})
+POSITION_OPTIONS = {"arch", "encoder-learned-pos", "decoder-learned-pos"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def config(row: str, size: str):
+    return load_experiment(f"{row}_{size}")
+
+
+# --- Configs
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_rows_of_a_size_differ_only_in_the_position_encoding(size):
+    shared = [{k: v for k, v in config(row, size).train.items() if k not in POSITION_OPTIONS}
+              for row in ROWS]
+    assert all(options == shared[0] for options in shared)
+    assert config("learned", size).train["encoder-learned-pos"] is True
+    assert config("learned", size).train["decoder-learned-pos"] is True
+
+
+def test_every_scale_has_a_config_per_row():
+    for scale in SCALES.values():
+        for row in ROWS.values():
+            assert load_experiment(config_name(row, scale)).name == f"{row.name}_{scale.size}"
+
+
+@pytest.mark.parametrize("size, row, arch", [
+    ("base", "sinusoidal", "transformer_wmt_en_de"), ("base", "learned", "transformer_wmt_en_de"),
+    ("base", "rpe", "transformer_rpe_wmt_en_de"), ("base", "rope", "transformer_rope_wmt_en_de"),
+    ("demo", "sinusoidal", "transformer_tiny"), ("demo", "learned", "transformer_tiny"),
+    ("demo", "rpe", "transformer_rpe_tiny"), ("demo", "rope", "transformer_rope_tiny"),
+    ("multi30k", "sinusoidal", "transformer_wmt_en_de"), ("multi30k", "learned", "transformer_wmt_en_de"),
+    ("multi30k", "rpe", "transformer_rpe_wmt_en_de"), ("multi30k", "rope", "transformer_rope_wmt_en_de"),
+])
+def test_row_config_builds_through_fairseq(dict_dir, size, row, arch):
+    argv = config(row, size).argv()
+    assert argv[argv.index("--arch") + 1] == arch
+    model, _ = build_model(dict_dir, arch, *argv)
+    layer = model.encoder.layers[0]
+    dims = (len(model.encoder.layers), len(model.decoder.layers), layer.embed_dim,
+            layer.fc1.out_features, layer.self_attn.num_heads, layer.dropout_module.p)
+    assert dims == {"base": (6, 6, 512, 2048, 8, 0.1), "demo": (2, 2, 64, 64, 2, 0.1),
+                    "multi30k": (3, 3, 256, 1024, 4, 0.3)}[size]
+    assert len(model.decoder.layers) == len(model.encoder.layers)
+    assert model.decoder.layers[0].fc1.out_features == layer.fc1.out_features
+    learned = row == "learned"
+    assert (type(model.encoder.embed_positions).__name__ == "LearnedPositionalEmbedding") == learned
+
+
+def test_multi30k_rows_differ_in_parameters_by_their_position_tables_only(dict_dir):
+    built = {row: build_model(dict_dir, *_arch_and_argv(row, "multi30k"))[0] for row in ROWS}
+    counts = {row: params(model) for row, model in built.items()}
+    assert counts["rope"] == counts["sinusoidal"]  # neither has position parameters
+    assert counts["learned"] - counts["sinusoidal"] == 2 * (256 + 2) * 256  # two tables of 258 x d
+    # Shaw et al.'s experiments: key and value tables per layer and head, 33 distances x head dim 64.
+    assert counts["rpe"] - counts["sinusoidal"] == 6 * 2 * 4 * 33 * 64
+
+
+def params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_demo_rows_have_the_same_dims_and_the_expected_position_parameters(dict_dir):
+    built = {row: build_model(dict_dir, *_arch_and_argv(row, "demo"))[0]
+             for row in ("sinusoidal", "learned", "rope")}
+    # No position parameters: sinusoidal (fixed) and RoPE (a rotation) count the same.
+    assert params(built["sinusoidal"]) == params(built["rope"])
+    assert built["rope"].encoder.embed_positions is None
+    # Learned: one table per side of max positions (256, from the shared recipe) + 2 (padding).
+    for side in (built["learned"].encoder, built["learned"].decoder):
+        assert side.embed_positions.weight.shape == (256 + 2, 64)
+    assert params(built["learned"]) == params(built["sinusoidal"]) + 2 * 258 * 64
+
+
+def _arch_and_argv(row: str, size: str):
+    argv = config(row, size).argv()
+    return (argv[argv.index("--arch") + 1], *argv)
+
+
+# --- Names
+
+
+def test_unknown_row_or_scale_is_a_clear_error(capsys):
+    with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope"):
+        get_row("absolute")
+    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, demo, demo-length"):
+        get_scale("wmt16")
+    assert reproduce.main(["absolute", "--scale", "demo"]) == 2
+    assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope" in capsys.readouterr().err
+    assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
+    assert "valid scales: wmt14, multi30k, multi30k-length, demo, demo-length" in capsys.readouterr().err
+
+
+def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
+    assert reproduce.main(["absolute", "--work-dir", str(tmp_path)]) == 2
+    assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope "
+            "(or `collect` to make the table)") in capsys.readouterr().err
+    assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
+    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, demo, demo-length" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_evaluation_is_forced_because_reproduce_decides_when_to_evaluate(tmp_path, monkeypatch):
+    """evaluate.sh refuses existing results; reproduce reruns evaluate only after training changed them."""
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    reproduce.evaluate(tmp_path / "run", tmp_path / "bin")
+    assert ran == [[reproduce.SCRIPTS / "evaluate.sh", tmp_path / "run", tmp_path / "bin", "--force"]]
+
+
+def test_extra_args_cannot_redirect_seed_or_save_dir(tmp_path):
+    for extra in (["--seed", "3"], ["--save-dir=/tmp/x"]):
+        with pytest.raises(TableError, match="cannot be an extra fairseq-train argument"):
+            reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path, extra)
+    with pytest.raises(TableError, match="--raw-dir is for the wmt14 and multi30k scales"):
+        reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path, raw_dir="/archives")
+    assert not list(tmp_path.iterdir())  # nothing prepared or trained
+
+
+def test_reproduce_command_records_a_non_default_work_dir(tmp_path):
+    rope, demo = ROWS["rope"], SCALES["demo"]
+    assert reproduce.reproduce_command(rope, demo, 2) == "scripts/reproduce_table.sh rope --scale demo --seed 2"
+    assert reproduce.reproduce_command(rope, demo, 2, ["--lr", "1e-3"], tmp_path) == (
+        f"scripts/reproduce_table.sh rope --scale demo --seed 2 --work-dir {tmp_path} -- --lr 1e-3")
+
+
+def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: calls.append("prepare") or work / "bin")
+    monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", a)) or 1.0)
+    monkeypatch.setattr(reproduce, "evaluate", lambda *a: calls.append("evaluate"))
+    monkeypatch.setattr(reproduce, "summarize_run", lambda *a: calls.append("summarize") or {})
+    reproduce.reproduce_row(ROWS["learned"], SCALES["wmt14"], 7, tmp_path, ["--fp16"])
+    config_path, data_bin, save_dir, seed, extra = calls[1][1]
+    assert calls[0] == "prepare" and calls[2:] == ["evaluate", "summarize"]
+    assert (config_path.name, seed, list(extra)) == ("learned_base.yaml", 7, ["--fp16"])
+    assert save_dir == tmp_path / "wmt14" / "learned" / "seed7"
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
+    """fairseq-train resuming a finished run would take one more update: skip it."""
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    config = Path(load_experiment("rope_demo").path)
+    (tmp_path / "train.log").write_text(TRAIN_LOG)  # 150 updates
+    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "150"]) is None
+    assert not ran
+    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "200"]) >= 0
+    assert ran[0][-4:] == ["--seed", "1", "--max-update", "200"]
+
+
+def test_prepared_wmt14_data_is_not_prepared_again_without_raw_dir(tmp_path, monkeypatch):
+    """Rerunning the preparation without --raw-dir would look for (and download) the archives."""
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    wmt14 = SCALES["wmt14"]
+    assert reproduce.prepare_data(wmt14, tmp_path, "/archives") == tmp_path / "wmt14" / "data" / "data-bin"
+    assert ran[0][1:] == ["--raw-dir", "/archives", tmp_path / "wmt14" / "data"]
+    (tmp_path / "wmt14" / "data" / "data-bin").mkdir(parents=True)
+    reproduce.prepare_data(wmt14, tmp_path)
+    assert len(ran) == 1
+
+
+# --- Run summaries
+
+
+TRAIN_LOG = """\
+# 2026-01-01T00:00:00 host in /repo: fairseq-train ...
+2026-01-01 00:00:05 | INFO | train_inner | epoch 001:     50 / 75 loss=9.0, wps=25000, num_updates=50, wall=9
+2026-01-01 00:00:06 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.5 | nll_loss 8.4 | wps 1000 | num_updates 60 | best_loss 8.5
+2026-01-01 00:00:07 | INFO | train | epoch 001 | loss 9.1 | wps 20000 | ups 6 | num_updates 75 | lr 0.0002 | train_wall 10 | wall 12
+2026-01-01 00:00:08 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.25 | num_updates 120 | best_loss 7.25
+# 2026-01-01T01:00:00 host in /repo: resumed
+2026-01-01 01:00:08 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.0 | num_updates 120 | best_loss 7.0
+2026-01-01 01:00:09 | INFO | train | epoch 002 | loss 7.5 | wps 30000 | ups 7 | num_updates 150 | train_wall 20 | wall 25
+2026-01-01 01:00:09 | INFO | fairseq_cli.train | done training in 24.1 seconds
+"""
+
+
+def test_parse_train_log():
+    log = reproduce.parse_train_log(TRAIN_LOG.splitlines())
+    assert log.words_per_second == [20000.0, 30000.0]  # epoch summaries only, not train_inner
+    assert log.training_seconds == [24.1] and log.num_updates == 150  # the interrupted first run: none
+    assert log.valid_loss == {60: 8.5, 120: 7.0}  # the resumed run's value wins
+
+
+@pytest.fixture(scope="module")
+def tiny_state(dict_dir):
+    """A transformer_tiny state dict with shared embeddings, and its parameter count."""
+    model, _ = build_model(dict_dir, *_arch_and_argv("sinusoidal", "demo"))
+    return model.state_dict(), params(model)
+
+
+def test_parameter_count_counts_tied_embeddings_once_also_after_averaging(tiny_state, tmp_path):
+    state, expected = tiny_state
+    assert reproduce.count_parameters(state) == expected
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"c{i}.pt")
+        torch.save({"model": state}, paths[-1])
+    averaged = tmp_path / "avg.pt"
+    torch.save(average_checkpoints(paths), averaged)
+    model = torch.load(averaged, weights_only=True)["model"]
+    assert reproduce.count_parameters(model) == expected
+    assert model["decoder.output_projection.weight"] is model["encoder.embed_tokens.weight"]
+
+
+def write_run(work: Path, scale: str, row: str, seed: int, bleu: float, sacre: Optional[float] = None,
+              params: int = 1000, wps: float = 5000.0, wall: float = 300.0,
+              length: Optional[Dict[str, float]] = None, extra=()) -> Path:
+    """A fake finished run: command.txt, train.log, eval/results.json and eval/run.json."""
+    scale_, row_ = SCALES[scale], ROWS[row]
+    save = run_dir(work, scale_, row_, seed)
+    (save / "eval").mkdir(parents=True)
+    train = f"fairseq-train DATA --arch arch_{row} --seed {seed} {' '.join(extra)}".strip()
+    (save / "command.txt").write_text(f"cd /repo\n{train}\n")
+    (save / "train.log").write_text(TRAIN_LOG)
+    (save / "eval" / "results.json").write_text(json.dumps({"bleu_tokenized": bleu, "sacrebleu": sacre}))
+    summary: Dict[str, Any] = {
+        "row": row, "scale": scale, "seed": seed, "config": config_name(row_, scale_), "arch": f"arch_{row}",
+        "extra_train_args": list(extra), "parameters": params, "train_tokens_per_second": wps,
+        "train_wall_seconds": wall, "num_updates": 1515, "bleu_tokenized": bleu, "sacrebleu": sacre,
+        "valid_loss": [[101 * k, 8.0 - k * (0.3 + seed / 10)] for k in range(1, 16)],
+        "reproduce_command": reproduce.reproduce_command(row_, scale_, seed, extra),
+    }
+    if length is not None:
+        summary["bleu_by_length"] = {
+            "buckets": [{"bucket": label, "low": 7 * i, "high": 7 * (i + 1), "sentences": 150, "bleu": b}
+                        for i, (label, b) in enumerate(length.items())],
+            "longest_training_pair_tokens": {"source": 21, "target": 23},
+        }
+    (save / "eval" / "run.json").write_text(json.dumps(summary))
+    return save
+
+
+def test_summarize_run_writes_run_json(tiny_state, tmp_path):
+    state, expected = tiny_state
+    save = write_run(tmp_path, "demo", "sinusoidal", 3, bleu=12.5, sacre=11.0, extra=("--max-update", "150"))
+    checkpoint = save / "checkpoint_avg_last5.pt"
+    torch.save({"model": state}, checkpoint)
+    (save / "eval" / "results.json").write_text(json.dumps(
+        {"bleu_tokenized": 12.5, "sacrebleu": 11.0, "checkpoint": str(checkpoint), "num_sentences": 500}))
+    (save / "eval" / "run.json").unlink()
+    command = reproduce.reproduce_command(ROWS["sinusoidal"], SCALES["demo"], 3, ["--max-update", "150"])
+    summary = reproduce.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 3, save,
+                                      Path("configs/sinusoidal_demo.yaml"), command,
+                                      ["--max-update", "150"], 99.0)
+    assert json.loads(summary_path(save).read_text()) == summary
+    assert summary["parameters"] == expected
+    assert summary["arch"] == "arch_sinusoidal" and summary["config"] == "sinusoidal_demo"
+    assert summary["train_tokens_per_second"] == 25000.0  # mean of the two epoch summaries
+    assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
+    assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
+    assert summary["bleu_tokenized"] == 12.5 and summary["sacrebleu"] == 11.0
+    assert shlex.split(summary["reproduce_command"]) == [
+        "scripts/reproduce_table.sh", "sinusoidal", "--scale", "demo", "--seed", "3",
+        "--", "--max-update", "150"]
+
+
+# --- collect
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and len(data) > 10_000, path
+
+
+def table_line(markdown: str, row: str) -> str:
+    return next(line for line in markdown.splitlines() if line.startswith(f"| {row} |"))
+
+
+def test_collect_on_fake_runs(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    write_run(work, "demo", "sinusoidal", 1, bleu=20.0, sacre=19.0, wall=240.0)
+    write_run(work, "demo", "sinusoidal", 2, bleu=22.0, sacre=21.0, wall=360.0)
+    write_run(work, "demo", "learned", 1, bleu=25.0, params=2000, extra=("--max-update", "60"))
+    for seed, bleu in ((1, 30.0), (2, 31.0), (3, 32.0)):
+        write_run(work, "demo", "rope", seed, bleu=bleu, sacre=bleu - 1)
+    # rpe: not run. A run without run.json is not finished and not counted.
+    (run_dir(work, SCALES["demo"], ROWS["rpe"], 1) / "eval").mkdir(parents=True)
+
+    written = reproduce.collect.collect(SCALES["demo"], work, out)
+    assert [p.name for p in written] == ["demo.md", "demo_valid_loss.png", "demo_bleu.png"]
+    for png in written[1:]:
+        assert_png(png)
+    md = (out / "demo.md").read_text()
+    assert "not comparable" in md and "WMT14" in md
+    sinusoidal = table_line(md, "sinusoidal")
+    assert "| 1, 2 |" in sinusoidal
+    assert "21.00 ± 1.41 [20.00, 22.00]" in sinusoidal  # BLEU: mean ± sample std [seeds]
+    assert "20.00 ± 1.41 [19.00, 21.00]" in sinusoidal  # sacreBLEU
+    assert "5.0 ± 1.4 [4.0, 6.0]" in sinusoidal  # wall time, in minutes
+    assert "| 1,000 |" in sinusoidal and "| 5,000 |" in sinusoidal  # equal over seeds: shown once
+    assert "27.3 (Vaswani et al.) / 26.5 (Shaw et al.)" in sinusoidal
+    assert "31.00 ± 1.00 [30.00, 31.00, 32.00]" in table_line(md, "rope")
+    learned = table_line(md, "learned")
+    assert "| 25.00 | — |" in learned and "| — |" in learned  # no sacreBLEU; no paper row
+    rpe = table_line(md, "rpe")
+    assert "not run" in rpe and "26.8 (Shaw et al.)" in rpe and "`transformer_rpe_tiny`" in rpe
+    # The commands, from each run's command.txt, and the reproduce command.
+    assert "fairseq-train DATA --arch arch_learned --seed 1 --max-update 60" in md
+    assert "scripts/reproduce_table.sh learned --scale demo --seed 1 -- --max-update 60" in md
+    assert "![validation loss](demo_valid_loss.png)" in md
+    assert "[demo-length.md](demo-length.md)" in md  # the length study of the same models
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
+
+
+def test_collect_length_study_and_no_runs(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    labels = ["1-7", "8-14", "15-21", "22-28", "29-35", "36-42"]
+    write_run(work, "demo-length", "rope", 1, bleu=60.0, length=dict(zip(labels, [90, 88, 70, 50, 30, 20])))
+    write_run(work, "demo-length", "rope", 2, bleu=62.0, length=dict(zip(labels, [92, 90, 72, 52, 32, 22])))
+    write_run(work, "demo-length", "learned", 1, bleu=40.0, length=dict(zip(labels, [90, 85, 20, 5, 1, 0])))
+    written = collect.collect(SCALES["demo-length"], work, out)
+    assert [p.name for p in written][-1] == "demo-length_bleu_by_length.png"
+    for png in written[1:]:
+        assert_png(png)
+    md = (out / "demo-length.md").read_text()
+    assert "## Length extrapolation" in md
+    assert "| 15-21 † (n=150) |" in md and "| 8-14 (n=150) |" in md
+    assert "71.00 ± 1.41 [70.00, 72.00]" in table_line(md.split("## Length")[1], "rope")
+    assert "not run" in table_line(md.split("## Length")[1], "sinusoidal")
+
+    # No finished run at all: every row "not run", still valid plots.
+    written = collect.collect(SCALES["wmt14"], work, out)
+    md = (out / "wmt14.md").read_text()
+    assert all("not run" in table_line(md, row) for row in ROWS)
+    assert "not comparable" not in md
+    for png in written[1:]:
+        assert_png(png)
+
+
+def test_collect_cli(tmp_path, capsys):
+    write_run(tmp_path / "w", "demo", "rope", 1, bleu=30.0)
+    assert reproduce.main(["collect", "--scale", "demo", "--work-dir", str(tmp_path / "w"),
+                           "--out-dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "demo.md").is_file()
+    assert "demo.md" in capsys.readouterr().out
+
+
+# --- The multi30k scales
+
+
+def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    multi30k = SCALES["multi30k"]
+    data_bin = reproduce.prepare_data(multi30k, tmp_path, "/shared/multi30k")
+    assert data_bin == tmp_path / "multi30k" / "data" / "data-bin"
+    assert ran == [[reproduce.SCRIPTS / "prepare_multi30k.sh", "--raw-dir", "/shared/multi30k",
+                    tmp_path / "multi30k" / "data"]]
+    data_bin.mkdir(parents=True)
+    reproduce.prepare_data(multi30k, tmp_path)
+    assert len(ran) == 1
+
+
+def test_multi30k_length_trains_on_the_short_pairs_of_the_prepared_corpus(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(reproduce, "_run", ran.append)
+    raw = tmp_path / "multi30k" / "data" / "raw"
+    raw.mkdir(parents=True)
+    (raw.parent / "data-bin").mkdir()
+    limit = SCALES["multi30k-length"].max_train_words
+    lengths = {"train": [3, limit, limit + 1, 30], "valid": [limit + 5, 2], "test": [1, limit + 9]}
+    for split, ns in lengths.items():
+        (raw / f"{split}.en").write_text("".join(" ".join(["w"] * n) + "\n" for n in ns))
+        (raw / f"{split}.de").write_text("".join(f"satz {i}\n" for i in range(len(ns))))
+    data_bin = reproduce.prepare_data(SCALES["multi30k-length"], tmp_path)
+    corpus = tmp_path / "multi30k-length" / "corpus"
+    assert (corpus / "train.de").read_text() == "satz 0\nsatz 1\n"  # at most `limit` words
+    assert (corpus / "valid.de").read_text() == "satz 1\n"
+    assert (corpus / "test.de").read_text() == (raw / "test.de").read_text()  # the whole test set
+    command = [str(a) for a in ran[0]]
+    assert command[0].endswith("prepare_parallel.sh") and "--no-clean" in command
+    assert command[command.index("--vocab-size") + 1] == "10000"
+    assert data_bin == tmp_path / "multi30k-length" / "data" / "data-bin"
+
+
+def write_outputs(run: Path, hypotheses, reference: Path, runaways=(0, 0)) -> None:
+    """Detokenized hypotheses and what run.json records of the references and runaways."""
+    (run / "eval" / "hyps.detok.de").write_text("".join(h + "\n" for h in hypotheses))
+    summary = json.loads((run / "eval" / "run.json").read_text())
+    summary.update(raw_reference=str(reference), raw_reference_sha256=reproduce._sha256(str(reference)),
+                   chrf=50.0 + len(hypotheses[0]) / 10,
+                   runaways={"ratio": 1.5, "longer_than_ratio": runaways[0], "at_length_limit": runaways[1]})
+    (run / "eval" / "run.json").write_text(json.dumps(summary))
+
+
+def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    refs = [f"Ein Hund {i} läuft über die Wiese ." for i in range(60)]
+    reference = tmp_path / "test.de"
+    reference.write_text("".join(r + "\n" for r in refs))
+    good, bad = refs, [f"Eine Katze {i} ." for i in range(60)]
+    labels = ["1-8", "9-12", "13-16"]
+    for seed in (1, 2):
+        write_outputs(write_run(work, "multi30k", "sinusoidal", seed, bleu=30.0 + seed,
+                                length=dict(zip(labels, [40, 30, 20]))), bad, reference)
+        write_outputs(write_run(work, "multi30k", "rope", seed, bleu=35.0 + seed,
+                                length=dict(zip(labels, [42, 33, 21]))), good, reference, runaways=(seed, 1))
+    write_outputs(write_run(work, "multi30k", "rpe", 1, bleu=31.0), bad, reference)
+    collect.collect(SCALES["multi30k"], work, out)
+    md = (out / "multi30k.md").read_text()
+    main = md.split("## Significance")[0]
+    assert "| 1/1, 2/1 |" in table_line(main, "rope")  # runaways per seed: longer / at the limit
+    assert "| sacreBLEU | chrF |" in main and "| 53.30 |" in table_line(main, "rope")  # chrF, equal seeds
+    significance = md.split("## Significance")[1].split("## ")[0]
+    rope_lines = [line for line in significance.splitlines() if line.startswith("| rope |")]
+    assert [line.split(" | ")[1] for line in rope_lines] == ["1", "2", "pooled 1+2"]
+    assert all("0.001 *" in line for line in rope_lines)  # far better than the baseline everywhere
+    assert "| rpe | 1 |" in significance and "| learned | — | not run |" in significance
+    assert "bs:1000" in significance
+    assert "## BLEU by source length" in md and "| 9-12 (n=150) |" in md and "†" not in md
+    # Records keep the runs when the work directory is gone (another session, another machine).
+    record = out / "runs" / "multi30k" / "rope" / "seed1"
+    assert (record / "run.json").is_file() and (record / "command.txt").is_file()
+    assert (record / "hyps.detok.de.gz").is_file()
+    import shutil
+
+    shutil.rmtree(work)
+    collect.collect(SCALES["multi30k"], work, out)
+    again = (out / "multi30k.md").read_text()
+    assert table_line(again, "rope") == table_line(md, "rope")
+    assert again.split("## Significance")[1].split("## ")[0] == significance
+
+
+def test_significance_says_why_it_is_unavailable(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    reference = tmp_path / "test.de"
+    reference.write_text("a\nb\n")
+    write_outputs(write_run(work, "multi30k", "sinusoidal", 1, bleu=30.0), ["a", "b"], reference)
+    write_outputs(write_run(work, "multi30k", "rope", 1, bleu=30.0), ["a", "b"], reference)
+    reference.write_text("a\nc\n")  # not the references the runs were scored against
+    collect.collect(SCALES["multi30k"], work, out)
+    assert "is not the reference the run was scored against" in (out / "multi30k.md").read_text()
+    reference.unlink()
+    collect.collect(SCALES["multi30k"], work, out)
+    assert "not found: prepare the scale's data" in (out / "multi30k.md").read_text()
+
+
+def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    labels = ["1-8", "9-12", "13-16", "17-20"]
+    write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
+    collect.collect(SCALES["multi30k-length"], work, out)
+    md = (out / "multi30k-length.md").read_text()
+    assert "## Length extrapolation" in md and "at most 12 source words" in md
+    assert "| 9-12 (n=150) |" in md and "| 13-16 † (n=150) |" in md
+    assert_png(out / "multi30k-length_bleu_by_length.png")
