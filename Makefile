@@ -17,7 +17,7 @@ DEMO_DIR ?= demo
 
 setup: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null \
 		&& echo "torch already installed: $$($(BIN)/python -c 'import torch; print(torch.__version__)')" \

@@ -67,13 +67,24 @@ class PositionalMultiheadAttention(MultiheadAttention):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Same contract as :meth:`MultiheadAttention.forward` for self-attention.
 
-        query: (T, B, C); ``key``/``value`` must be the query itself (or None).
+        query: (T, B, C); ``key``/``value`` must be the query itself (or None):
+        keys and values are always projected from the query, so any other
+        tensor is refused rather than silently ignored. fairseq's layers pass
+        ``key=x, value=x`` (encoder) and ``key=y, value=y`` with ``y = x``
+        (decoder without cross_self_attention, which the models refuse).
         """
         if static_kv or before_softmax:
             raise ValueError(
                 f"{type(self).__name__} is self-attention only "
                 "(static_kv and before_softmax are not supported)"
             )
+        for name, tensor in (("key", key), ("value", value)):
+            if tensor is not None and not _same_tensor(tensor, query):
+                raise ValueError(
+                    f"{type(self).__name__} is self-attention only: {name} must be the "
+                    f"query itself or None, got a different tensor of shape "
+                    f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
+                )
         tgt_len, bsz, _ = query.size()
         q, k, v = (
             self._split_heads(proj(query), bsz) for proj in (self.q_proj, self.k_proj, self.v_proj)
@@ -190,3 +201,15 @@ class PositionalMultiheadAttention(MultiheadAttention):
         if value_term is not None:
             out = out + value_term
         return out, weights
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """``a is b``, or ``a`` an identical view of ``b``'s memory (as ``x[t:t+1]``
+    taken once per argument is): same storage, offset, shape, strides and dtype."""
+    return a is b or (
+        a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )

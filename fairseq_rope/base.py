@@ -108,6 +108,12 @@ def decode_lines(raw: Iterable[bytes], name: str, strict: bool = True) -> Iterat
               f"(first: line {bad[0]})")
 
 
+def report_error(error: BaseException, status: int = 1) -> int:
+    """Show an expected error as one ``error:`` line (no traceback); the exit status to return."""
+    print(f"error: {error}", file=sys.stderr)
+    return status
+
+
 class LineDecodingError(FairseqRopeError, ValueError):
     """A text file that is not UTF-8."""
 
@@ -128,6 +134,16 @@ def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
+
+
+def fairseq_command(name: str) -> List[str]:
+    """How to run fairseq's console script ``name`` (fairseq-train, fairseq-generate…) with
+    this interpreter: the script beside it, or, in an environment without fairseq's scripts
+    (fairseq reused from another one), the module behind it."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return [str(beside)]
+    return [sys.executable, "-m", "fairseq_cli." + name.split("-", 1)[1].replace("-", "_")]
 
 
 def command_line(script: str, argv: Optional[Sequence[str]] = None) -> str:

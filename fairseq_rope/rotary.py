@@ -30,7 +30,8 @@ let alone its product with θ_1. Only the final cos/sin are cast to q's dtype.
 from __future__ import annotations
 
 import math
-from typing import Dict, Literal, Optional, Tuple
+from collections import OrderedDict
+from typing import Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -86,23 +87,26 @@ def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
     return positions.to(inv_freq.dtype).unsqueeze(-1) * inv_freq
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
+def apply_rotary(
+    x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, cis: Optional[Tensor] = None
+) -> Tensor:
     """Rotate ``x`` by the angles whose cosines and sines are given (Eq. 34).
+
+    The one rotation path: :meth:`RotaryEmbedding.encode_qk` calls it for q and
+    k with the cached cos/sin of positions offset, offset+1, …; called directly
+    (cos/sin of :func:`rotation_angles` of any positions) it is the pure function.
 
     x:        (..., T, head_dim), any float dtype and strides.
     cos, sin: broadcastable to (..., T, rope_dim / 2); ``rope_dim = 2 * cos.size(-1)``
               leading dimensions of each head are rotated, the rest pass through.
+    cis:      optionally ``cos + i·sin`` (complex), when the caller has it at hand.
 
-    cos and sin are constants (no gradient flows to them); the gradient with respect to x is the inverse rotation of the
-    incoming gradient, since R^d_{Θ,m} is orthogonal (Eq. 13).
+    cos and sin are constants (no gradient flows to them); the gradient with
+    respect to x is the inverse rotation of the incoming gradient, since
+    R^d_{Θ,m} is orthogonal (Eq. 13).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown RoPE layout {layout!r}; expected one of {LAYOUTS}")
-    return _apply(x, cos, sin, None, layout)
-
-
-def _apply(x: Tensor, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout) -> Tensor:
-    """:func:`apply_rotary`, with ``cis = cos + i·sin`` when the caller has it at hand."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _Rotation.apply(x, cos, sin, cis, layout, False)
     return _rotate(x, cos, sin, cis, layout, inverse=False)  # inference: no autograd bookkeeping
@@ -205,9 +209,21 @@ class _CosSinTable:
         return self.cos.size(0)
 
 
+#: Most cos/sin tables :func:`cos_sin` keeps: one per (rope_dim, theta, device,
+#: dtype) in use. A model needs one or two (its rope_dim and dtype on its device);
+#: beyond this bound the least recently used table is dropped and, if needed
+#: again, rebuilt identically.
+COS_SIN_CACHE_SIZE = 16
+
 # Tables are shared by every layer (and model) with the same (rope_dim, theta),
 # per device and dtype; they hold no parameters and never enter a state dict.
-_TABLES: Dict[Tuple[int, float, torch.device, torch.dtype], _CosSinTable] = {}
+# Least recently used first.
+_TABLES: "OrderedDict[Tuple[int, float, torch.device, torch.dtype], _CosSinTable]" = OrderedDict()
+
+
+def clear_cos_sin_cache() -> None:
+    """Drop every cached cos/sin table (and the device memory it holds)."""
+    _TABLES.clear()
 
 
 def cos_sin(
@@ -222,7 +238,9 @@ def cos_sin(
 
     Served from a cache that grows (to the next power of two) on demand, so
     there is no maximum length; angles are computed in fp32 and only the final
-    values are cast to ``dtype``.
+    values are cast to ``dtype``. The cache holds at most
+    :data:`COS_SIN_CACHE_SIZE` tables (least recently used dropped first);
+    :func:`clear_cos_sin_cache` empties it.
     """
     cos, sin, _ = _cached_angles(length, rope_dim, theta, device, dtype, offset)
     return cos, sin
@@ -237,9 +255,17 @@ def _cached_angles(
     table = _TABLES.get(key)
     if table is None or table.capacity < needed:
         capacity = max(256, 1 << (needed - 1).bit_length())
-        inv_freq = inverse_frequencies(rope_dim, theta, device, angle_dtype(dtype))
-        table = _CosSinTable(inv_freq, dtype, capacity)
+        # Built as normal tensors even when the first caller decodes under
+        # torch.inference_mode(): an inference tensor in the shared table would
+        # make every later training step fail ("Inference tensors cannot be
+        # saved for backward"), the backward saving cos/sin.
+        with torch.inference_mode(False):
+            inv_freq = inverse_frequencies(rope_dim, theta, device, angle_dtype(dtype))
+            table = _CosSinTable(inv_freq, dtype, capacity)
         _TABLES[key] = table
+        while len(_TABLES) > COS_SIN_CACHE_SIZE:
+            _TABLES.popitem(last=False)
+    _TABLES.move_to_end(key)
     cis = None if table.cis is None else table.cis[offset:needed]
     return table.cos[offset:needed], table.sin[offset:needed], cis
 
@@ -249,7 +275,9 @@ class RotaryEmbedding(PositionEncoding):
 
     Holds only hyper-parameters (no parameters or buffers), so ``.half()``,
     ``.to(device)`` and checkpoints never touch it; cos/sin come from the
-    shared fp32-computed cache of :func:`cos_sin`.
+    shared fp32-computed cache of :func:`cos_sin`. It has no ``forward``: the
+    attention calls :meth:`encode_qk`, the only way it rotates (through
+    :func:`apply_rotary`).
     """
 
     def __init__(
@@ -273,34 +301,9 @@ class RotaryEmbedding(PositionEncoding):
             f"theta={self.theta:g}, layout={self.layout}"
         )
 
-    def angles_cos_sin(
-        self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None
-    ) -> Tuple[Tensor, Tensor]:
-        """cos/sin for the time axis (dim −2) of ``x``, in x's device and dtype."""
-        if positions is None:
-            return cos_sin(
-                x.size(-2), self.rope_dim, self.theta, x.device, x.dtype, offset
-            )
-        inv_freq = inverse_frequencies(
-            self.rope_dim, self.theta, x.device, angle_dtype(x.dtype)
-        )
-        angles = rotation_angles(positions.to(x.device), inv_freq)
-        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-
-    def forward(
-        self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None
-    ) -> Tensor:
-        """Rotate ``x`` of shape (..., T, head_dim).
-
-        Positions are ``offset + arange(T)`` unless ``positions`` (broadcastable
-        to x's leading dims and T) is given explicitly.
-        """
-        cos, sin = self.angles_cos_sin(x, offset, positions)
-        return apply_rotary(x, cos, sin, self.layout)
-
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
-        """Rotate queries and keys at positions offset, offset+1, … (Eq. 34)."""
+        """Rotate queries and keys (..., T, head_dim) at positions offset, offset+1, … (Eq. 34)."""
         # One table lookup for both, and no module call: a decoding step is
         # all overhead, the tensors being a single position each.
-        angles = _cached_angles(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
-        return _apply(q, *angles, self.layout), _apply(k, *angles, self.layout)
+        cos, sin, cis = _cached_angles(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
+        return apply_rotary(q, cos, sin, self.layout, cis), apply_rotary(k, cos, sin, self.layout, cis)

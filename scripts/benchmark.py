@@ -9,13 +9,8 @@ Writes OUT_DIR/NAME.json, NAME.md and NAME_{ops,train,decode}.png (NAME: the dev
 """
 
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmark this checkout's code, installed or not
-
-from fairseq_rope.benchmark.cli import main  # noqa: E402
+from fairseq_rope.benchmark.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,34 +26,11 @@
 #             recorded command. To start over, use a new SAVE_DIR.
 # Bad input (unknown config, missing or incomplete DATA_BIN, a different run's
 # SAVE_DIR) fails before anything is created or changed.
-set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-
-usage="usage: $0 [--force] CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]"
-force=()
-if [[ ${1:-} == --force ]]; then force=(--force); shift; fi
-if [[ $# -lt 3 ]]; then
-    echo "$usage" >&2
-    exit 2
-fi
-config=$1 data_bin=$2 save_dir=$3
-shift 3
-
-# Check the inputs, then record the run in SAVE_DIR (command.txt, train.log
-# header) and get the resolved fairseq-train arguments; nothing is written if a
-# check fails.
-argv_file=$(mktemp)
-trap 'rm -f "$argv_file"' EXIT
-"$PYTHON" -m fairseq_rope.experiments.training "${force[@]}" "$config" "$data_bin" "$save_dir" -- "$@" > "$argv_file"
-mapfile -d '' -t args < "$argv_file"
-
 # $LAUNCHER, if set, runs fairseq-train under a launcher, split on whitespace, e.g.
 # LAUNCHER="torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id JOB"
 # (torchrun takes the script's path, not a command name; see docs/distributed.md).
-read -r -a launcher <<< "${LAUNCHER:-}"
-train=(fairseq-train)
-if [[ ${#launcher[@]} -gt 0 ]]; then train=("${launcher[@]}" "$(command -v fairseq-train)"); fi
-
-# Unbuffered, so the terminal shows progress as it happens despite the pipe;
-# pipefail makes a fairseq-train failure the script's exit status.
-PYTHONUNBUFFERED=1 "${train[@]}" "${args[@]}" 2>&1 | tee -a "$save_dir/train.log"
+#
+# Same as `fairseq-rope-train` (installed package): fairseq_rope/experiments/training.py.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+exec "$PYTHON" -m fairseq_rope.experiments.training "$@"

@@ -5,7 +5,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.position_encoding import PositionEncoding as NoEncoding
-from fairseq_rope.rotary import RotaryEmbedding
+from fairseq_rope.rotary import RotaryEmbedding, apply_rotary, inverse_frequencies, rotation_angles
 
 EMBED, HEADS = 32, 4
 
@@ -13,6 +13,13 @@ EMBED, HEADS = 32, 4
 def rope_attention(layout="interleaved", rope_dim=None) -> PositionalMultiheadAttention:
     encoding = RotaryEmbedding(EMBED // HEADS, rope_dim, layout=layout)
     return PositionalMultiheadAttention(EMBED, HEADS, encoding).eval()
+
+
+def rotate(encoding: RotaryEmbedding, x):
+    """x (..., T, head_dim) rotated at positions 0 … T−1, angles computed here (not cached)."""
+    inv_freq = inverse_frequencies(encoding.rope_dim, encoding.theta)
+    angles = rotation_angles(torch.arange(x.size(-2)), inv_freq)
+    return apply_rotary(x, angles.cos(), angles.sin(), encoding.layout)
 
 
 def reference(attn: PositionalMultiheadAttention, x, key_padding_mask=None, attn_mask=None):
@@ -23,9 +30,9 @@ def reference(attn: PositionalMultiheadAttention, x, key_padding_mask=None, attn
     def heads(t):
         return t.view(T, B, H, D).permute(1, 2, 0, 3)
 
-    rotate = attn.position_encoding
+    encoding = attn.position_encoding
     q, k, v = heads(attn.q_proj(x)), heads(attn.k_proj(x)), heads(attn.v_proj(x))
-    logits = rotate(q) @ rotate(k).transpose(-1, -2) / D**0.5
+    logits = rotate(encoding, q) @ rotate(encoding, k).transpose(-1, -2) / D**0.5
     if attn_mask is not None:
         logits = logits + attn_mask
     if key_padding_mask is not None:
@@ -117,12 +124,13 @@ def test_cache_holds_rotated_keys_and_survives_beam_reordering():
         attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state, need_weights=False)
     keys = attn._get_input_buffer(state)["prev_key"]
     raw = attn.k_proj(x[:4]).view(4, 4, HEADS, -1).permute(1, 2, 0, 3)
-    torch.testing.assert_close(keys, attn.position_encoding(raw))
+    torch.testing.assert_close(keys, rotate(attn.position_encoding, raw))
     # Reorder the batch (as beam search does), then take one more step.
     order = torch.tensor([2, 2, 0, 1])
     attn.reorder_incremental_state(state, order)
-    step, _ = attn(x[4:5, order], x[4:5, order], x[4:5, order], incremental_state=state, need_weights=False)
-    full, _ = attn(x[:, order], x[:, order], x[:, order], attn_mask=causal_mask(5), need_weights=False)
+    step_x, full_x = x[4:5, order], x[:, order]
+    step, _ = attn(step_x, step_x, step_x, incremental_state=state, need_weights=False)
+    full, _ = attn(full_x, full_x, full_x, attn_mask=causal_mask(5), need_weights=False)
     assert (step[0] - full[4]).abs().max() < 1e-5
 
 
@@ -140,3 +148,55 @@ def test_unsupported_options_are_refused():
     x = torch.randn(3, 1, EMBED)
     with pytest.raises(ValueError, match="self-attention only"):
         attn(x, x, x, static_kv=True)
+
+
+@pytest.mark.parametrize("which", ["key", "value", "both"])
+def test_key_or_value_other_than_the_query_is_refused(which):
+    """Self-attention only: a different key/value would otherwise be silently ignored."""
+    attn = rope_attention()
+    x, other = torch.randn(2, 5, 2, EMBED).unbind(0)
+    key = other if which in ("key", "both") else x
+    value = other if which in ("value", "both") else x
+    with pytest.raises(ValueError, match=f"self-attention only.*{'key' if which != 'value' else 'value'}"):
+        attn(x, key, value)
+    # Same values in another tensor are refused too: only the query itself is accepted.
+    with pytest.raises(ValueError, match="self-attention only"):
+        attn(x, x.clone() if which != "value" else x, x.clone() if which != "key" else x)
+    # A key of another length (encoder-decoder attention) as well.
+    with pytest.raises(ValueError, match="self-attention only"):
+        attn(x, torch.randn(7, 2, EMBED), torch.randn(7, 2, EMBED))
+
+
+def test_query_as_key_and_value_as_fairseqs_layers_pass_them():
+    """fairseq's encoder layer passes key=x, value=x; its decoder layer key=y, value=y
+    with y = x; a query sliced the same way for each argument is the same tensor too."""
+    attn = rope_attention()
+    x = torch.randn(6, 2, EMBED)
+    expected, _ = attn(x, x, x, need_weights=False)
+    torch.testing.assert_close(attn(x, None, None, need_weights=False)[0], expected, atol=0, rtol=0)
+    y = x
+    torch.testing.assert_close(attn(query=x, key=y, value=y, need_weights=False)[0], expected, atol=0, rtol=0)
+    state = {}
+    steps = [attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state)[0] for t in range(2)]
+    assert len(steps) == 2
+
+
+def test_fairseqs_encoder_and_decoder_layers_call_it_as_self_attention():
+    """Through fairseq's own layers (their key/value arguments), training and decoding."""
+    from fairseq.models.transformer import TransformerConfig
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+    cfg = TransformerConfig()
+    for side in (cfg.encoder, cfg.decoder):
+        side.embed_dim, side.ffn_embed_dim, side.attention_heads = EMBED, 2 * EMBED, HEADS
+    encoder = TransformerEncoderLayerBase(cfg)
+    encoder.self_attn = rope_attention()
+    decoder = TransformerDecoderLayerBase(cfg, no_encoder_attn=True)
+    decoder.self_attn = rope_attention()
+    x = torch.randn(5, 2, EMBED)
+    encoder.train()(x, encoder_padding_mask=padding([5, 3], 5)).sum().backward()
+    decoder.eval()
+    full, _, _ = decoder(x, self_attn_mask=causal_mask(5))
+    state = {}
+    steps = [decoder(x[t : t + 1], incremental_state=state)[0] for t in range(5)]
+    assert (torch.cat(steps) - full).abs().max() < 1e-5

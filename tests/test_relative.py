@@ -123,7 +123,8 @@ def test_half_precision_follows_the_activations(shared_heads, dtype):
     attn = rpe_attention(shared_heads)
     x = torch.randn(7, 2, EMBED)
     reference = attn(x, x, x, attn_mask=causal_mask(7))[0]
-    out = attn.to(dtype)(x.to(dtype), x.to(dtype), x.to(dtype), attn_mask=causal_mask(7).to(dtype))[0]
+    x_low = x.to(dtype)
+    out = attn.to(dtype)(x_low, x_low, x_low, attn_mask=causal_mask(7).to(dtype))[0]
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), reference, atol=5e-2, rtol=5e-2)
 

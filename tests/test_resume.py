@@ -78,7 +78,7 @@ def assert_same_tensors(a, b, where: str) -> None:
 
 
 def test_training_killed_mid_epoch_resumes_bit_identically(toy_data_bin, tmp_path):
-    """Also the guard of fairseq_rope.resume's batch fix: without it, the resumed run's
+    """Also the guard of the RESUME_BATCHES patch (fairseq_rope.patches): without it, the resumed run's
     checkpoints from update 35 on differ (other batches in epoch 2 and later)."""
     # The uninterrupted run and the first attempt of the other run side by side.
     uninterrupted = train_sh(CONFIG, toy_data_bin, "A", *SCHEDULE, cwd=tmp_path)
@@ -136,9 +136,9 @@ def test_a_kill_during_a_checkpoint_copy_leaves_the_previous_checkpoint(tmp_path
 
 
 def run_training_check(*args: object, cwd: Path, capsys) -> Tuple[int, str, str]:
-    """``python -m fairseq_rope.experiments.training`` in-process (train.sh's checks); (status, stdout, stderr)."""
+    """train.sh's checks in-process, without training (``training.check``); (status, stdout, stderr)."""
     os.chdir(cwd)
-    status = training.main([str(a) for a in args])
+    status = training.check([str(a) for a in args])
     out, err = capsys.readouterr()
     return status, out, err
 

@@ -1,4 +1,9 @@
-"""RoPE math against the paper's definitions (RoFormer, Eqs. 15, 16, 34)."""
+"""RoPE math against the paper's definitions (RoFormer, Eqs. 15, 16, 34).
+
+Rotation goes through the one path the attention uses,
+``RotaryEmbedding.encode_qk`` (cached cos/sin, then :func:`apply_rotary`), or
+through :func:`apply_rotary` itself with angles of explicit positions.
+"""
 
 import math
 
@@ -8,6 +13,7 @@ import torch
 from fairseq_rope import rotary
 from fairseq_rope.rotary import (
     RotaryEmbedding,
+    angle_dtype,
     apply_rotary,
     cos_sin,
     inverse_frequencies,
@@ -17,9 +23,17 @@ from fairseq_rope.rotary import (
 )
 
 
-def rope(x, positions, layout="interleaved", rope_dim=None, theta=10000.0):
-    """Rotate x (..., T, D) at explicit positions (T,)."""
-    return RotaryEmbedding(x.size(-1), rope_dim, theta, layout)(x, positions=positions)
+def rope(x, offset=0, layout="interleaved", rope_dim=None, theta=10000.0):
+    """Rotate x (..., T, D) at positions offset … offset+T−1, as the attention does."""
+    rotated, _ = RotaryEmbedding(x.size(-1), rope_dim, theta, layout).encode_qk(x, x, offset)
+    return rotated
+
+
+def rope_at(x, positions, layout="interleaved", rope_dim=None, theta=10000.0):
+    """Rotate x (..., T, D) at explicit positions (T,): the pure function, angles computed here."""
+    rope_dim = x.size(-1) if rope_dim is None else rope_dim
+    angles = rotation_angles(positions, inverse_frequencies(rope_dim, theta, dtype=angle_dtype(x.dtype)))
+    return apply_rotary(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), layout)
 
 
 def block_diagonal_rotation(m: float, d: int, theta: float = 10000.0) -> torch.Tensor:
@@ -45,23 +59,24 @@ def test_inner_product_depends_only_on_relative_position(layout):
     torch.manual_seed(0)
     q, k = torch.randn(2, 64, dtype=torch.float64).unbind(0)
     for m, n in [(3, 7), (10, 2), (0, 0)]:
-        near = rope(q[None], torch.tensor([m]), layout) @ rope(k[None], torch.tensor([n]), layout).T
-        far = (
-            rope(q[None], torch.tensor([m + 1000]), layout)
-            @ rope(k[None], torch.tensor([n + 1000]), layout).T
-        )
+        near = rope(q[None], m, layout) @ rope(k[None], n, layout).T
+        far = rope(q[None], m + 1000, layout) @ rope(k[None], n + 1000, layout).T
         assert abs(near.item() - far.item()) < 1e-5
+        # The same through the pure function at explicit positions.
+        explicit = rope_at(q[None], torch.tensor([m]), layout) @ rope_at(k[None], torch.tensor([n]), layout).T
+        torch.testing.assert_close(explicit, near, atol=1e-12, rtol=0)
     # ...and it does depend on m - n.
-    a = rope(q[None], torch.tensor([0]), layout) @ rope(k[None], torch.tensor([5]), layout).T
-    b = rope(q[None], torch.tensor([0]), layout) @ rope(k[None], torch.tensor([6]), layout).T
+    a = rope(q[None], 0, layout) @ rope(k[None], 5, layout).T
+    b = rope(q[None], 0, layout) @ rope(k[None], 6, layout).T
     assert abs(a.item() - b.item()) > 1e-3
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_rotation_preserves_norms(layout):
-    x = torch.randn(3, 4, 50, 32)
-    y = RotaryEmbedding(32, layout=layout)(x, offset=17)
-    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    q, k = torch.randn(2, 3, 4, 50, 32).unbind(0)
+    rq, rk = RotaryEmbedding(32, layout=layout).encode_qk(q, k, 17)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    torch.testing.assert_close(rk.norm(dim=-1), k.norm(dim=-1))
 
 
 def test_efficient_form_equals_block_diagonal_matrix():
@@ -72,6 +87,8 @@ def test_efficient_form_equals_block_diagonal_matrix():
         cos, sin = (f(rotation_angles(torch.tensor([m]), inverse_frequencies(d)).double()) for f in (torch.cos, torch.sin))
         got = apply_rotary(x[None], cos, sin, "interleaved")[0]
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+        # The attention's path: cached fp64 angles for fp64 inputs.
+        torch.testing.assert_close(rope(x[None], m)[0], expected, atol=1e-12, rtol=0)
 
 
 def test_half_and_interleaved_equal_up_to_projection_row_permutation():
@@ -80,10 +97,9 @@ def test_half_and_interleaved_equal_up_to_projection_row_permutation():
     d_model, head_dim = 12, 8
     w = torch.randn(head_dim, d_model, dtype=torch.float64)
     x = torch.randn(6, d_model, dtype=torch.float64)
-    positions = torch.arange(6)
     perm = layout_permutation(head_dim)
-    half = rope(x @ w.T, positions, "half")
-    interleaved = rope(x @ w[perm].T, positions, "interleaved")
+    half = rope(x @ w.T, 0, "half")
+    interleaved = rope(x @ w[perm].T, 0, "interleaved")
     torch.testing.assert_close(interleaved, half[:, perm])
     # Attention logits are permutation invariant, hence identical.
     torch.testing.assert_close(interleaved @ interleaved.T, half @ half.T)
@@ -91,40 +107,40 @@ def test_half_and_interleaved_equal_up_to_projection_row_permutation():
 
 def test_partial_rotary_leaves_the_tail_unchanged_and_rotates_the_head():
     x = torch.randn(2, 10, 16)
-    y = RotaryEmbedding(16, rope_dim=6)(x, offset=3)
+    y = rope(x, 3, rope_dim=6)
     torch.testing.assert_close(y[..., 6:], x[..., 6:], rtol=0, atol=0)
-    full6 = RotaryEmbedding(6)(x[..., :6], offset=3)
+    full6 = rope(x[..., :6], 3)
     torch.testing.assert_close(y[..., :6], full6)
     assert not torch.allclose(y[..., :6], x[..., :6])
 
 
-def test_offset_equals_explicit_positions_and_slicing():
-    emb = RotaryEmbedding(8)
+@pytest.mark.parametrize("rope_dim", [8, 6])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_offset_equals_explicit_positions_and_slicing(layout, rope_dim):
     x = torch.randn(2, 5, 8)
-    torch.testing.assert_close(emb(x, offset=40), emb(x, positions=torch.arange(40, 45)))
+    torch.testing.assert_close(rope(x, 40, layout, rope_dim), rope_at(x, torch.arange(40, 45), layout, rope_dim))
     long = torch.randn(2, 45, 8)
-    torch.testing.assert_close(emb(long)[:, 40:], emb(long[:, 40:], offset=40))
+    torch.testing.assert_close(rope(long, 0, layout, rope_dim)[:, 40:], rope(long[:, 40:], 40, layout, rope_dim))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_angles_at_position_20000_match_fp64_in_low_precision(dtype):
     d = 64
-    emb = RotaryEmbedding(d)
     x = torch.randn(1, 3, d).to(dtype)
-    cos, sin = emb.angles_cos_sin(x, offset=20000)
+    cos, sin = cos_sin(3, d, 10000.0, x.device, dtype, offset=20000)  # what encode_qk uses
     assert cos.dtype == dtype
     i = torch.arange(d // 2, dtype=torch.float64)
     ref_angles = torch.arange(20000, 20003, dtype=torch.float64)[:, None] * 10000.0 ** (-2 * i / d)
     # fp32 angles: error ~ulp(20000) ≈ 2e-3 rad; fp16 angles would be off by whole radians.
     torch.testing.assert_close(cos.double(), ref_angles.cos(), atol=5e-3, rtol=0)
     torch.testing.assert_close(sin.double(), ref_angles.sin(), atol=5e-3, rtol=0)
-    y = emb(x, offset=20000)
+    y = rope(x, 20000)
     ref = apply_rotary(x.double(), ref_angles.cos(), ref_angles.sin(), "interleaved")
     torch.testing.assert_close(y.double(), ref, atol=0.05, rtol=0.02)
 
 
 def test_cache_grows_on_demand_and_follows_dtype():
-    rotary._TABLES.clear()
+    rotary.clear_cos_sin_cache()
     cos, _ = cos_sin(10, 8, 10000.0, torch.device("cpu"), torch.float32)
     assert cos.shape == (10, 4)
     cos, sin = cos_sin(5000, 8, 10000.0, torch.device("cpu"), torch.float32, offset=3000)
@@ -141,7 +157,7 @@ def test_module_is_untouched_by_half_and_state_dict():
     assert list(emb.state_dict()) == [] and list(emb.parameters()) == []
     emb.half()
     x = torch.randn(1, 4, 8)
-    torch.testing.assert_close(emb(x), RotaryEmbedding(8)(x))
+    torch.testing.assert_close(emb.encode_qk(x, x, 0), RotaryEmbedding(8).encode_qk(x, x, 0))
 
 
 @pytest.mark.parametrize(
@@ -193,32 +209,32 @@ TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3, to
 @pytest.mark.parametrize("offset", [0, 1000])
 def test_fast_path_equals_reference_forward_and_backward(dtype, layout, rope_dim, offset):
     torch.manual_seed(0)
-    # (B, H, T, D) as the attention makes it: a permuted view of a (T, B, H·D) projection.
-    x64 = torch.randn(7, 3, 2, 16, dtype=torch.float64).permute(1, 2, 0, 3)
-    upstream = torch.randn(x64.shape, dtype=torch.float64)
-    x = x64.to(dtype).requires_grad_()
-    cos, sin = cos_sin(7, rope_dim, 10000.0, x.device, dtype, offset)
-    # The same (rounded) angles for both: only the rotation's arithmetic is compared.
+    # (B, H, T, D) as the attention makes them: permuted views of (T, B, H·D) projections.
+    q64, k64 = (torch.randn(7, 3, 2, 16, dtype=torch.float64).permute(1, 2, 0, 3) for _ in range(2))
+    upstream = torch.randn((2, *q64.shape), dtype=torch.float64)
+    q, k = (t.to(dtype).requires_grad_() for t in (q64, k64))
+    outs = RotaryEmbedding(16, rope_dim, layout=layout).encode_qk(q, k, offset)
+    torch.autograd.backward(outs, tuple(upstream.to(dtype)))
+    # The same (rounded) angles for the reference: only the rotation's arithmetic is compared.
+    cos, sin = cos_sin(7, rope_dim, 10000.0, q.device, dtype, offset)
     cos64, sin64 = cos.double(), sin.double()
-    out = apply_rotary(x, cos, sin, layout)
-    out.backward(upstream.to(dtype))
-    assert out.dtype == dtype and out.shape == x.shape
-
-    ref_x = x.detach().double().requires_grad_()
-    ref = reference_rotary(ref_x, cos64, sin64, layout)
-    ref.backward(upstream)
     tol = TOLERANCES[dtype]
-    torch.testing.assert_close(out.double(), ref.detach(), atol=tol, rtol=tol)
-    torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=tol, rtol=tol)
-    torch.testing.assert_close(out[..., rope_dim:], x[..., rope_dim:], atol=0, rtol=0)
+    for x, out, up in zip((q, k), outs, upstream):
+        assert out.dtype == dtype and out.shape == x.shape
+        ref_x = x.detach().double().requires_grad_()
+        ref = reference_rotary(ref_x, cos64, sin64, layout)
+        ref.backward(up)
+        torch.testing.assert_close(out.double(), ref.detach(), atol=tol, rtol=tol)
+        torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=tol, rtol=tol)
+        torch.testing.assert_close(out[..., rope_dim:], x[..., rope_dim:], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_fast_path_gradients_pass_gradcheck(layout):
-    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
-    cos, sin = cos_sin(5, 6, 10000.0, x.device, torch.float64, offset=3)
-    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin, layout), (x,))
-    assert torch.autograd.gradgradcheck(lambda t: apply_rotary(t, cos, sin, layout), (x,))
+    q, k = (torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    emb = RotaryEmbedding(8, rope_dim=6, layout=layout)
+    assert torch.autograd.gradcheck(lambda a, b: emb.encode_qk(a, b, 3), (q, k))
+    assert torch.autograd.gradgradcheck(lambda a, b: emb.encode_qk(a, b, 3), (q, k))
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
@@ -231,4 +247,79 @@ def test_fast_path_handles_awkward_strides(layout, case):
     else:
         x = torch.randn(4, 8, 6).transpose(-1, -2)
     cos, sin = cos_sin(6, 8, 10000.0, x.device, x.dtype)
-    torch.testing.assert_close(apply_rotary(x, cos, sin, layout), reference_rotary(x, cos, sin, layout))
+    expected = reference_rotary(x, cos, sin, layout)
+    for got in RotaryEmbedding(8, layout=layout).encode_qk(x, x, 0):
+        torch.testing.assert_close(got, expected)
+
+
+# --- The shared cos/sin cache: clearable, bounded (LRU), exact after eviction.
+
+
+def test_cos_sin_cache_can_be_cleared():
+    cos_sin(10, 8, 10000.0, torch.device("cpu"), torch.float32)
+    assert len(rotary._TABLES) > 0
+    rotary.clear_cos_sin_cache()
+    assert len(rotary._TABLES) == 0
+
+
+def test_cos_sin_cache_keeps_at_most_its_bound_and_stays_exact_after_eviction():
+    rotary.clear_cos_sin_cache()
+    bound = rotary.COS_SIN_CACHE_SIZE
+    assert 1 <= bound <= 64
+    first = cos_sin(6, 8, 10000.0, torch.device("cpu"), torch.float32, offset=2)
+    # More distinct (rope_dim, theta, device, dtype) keys than the bound.
+    keys = [(2 * (i + 1), 100.0 + i) for i in range(bound + 5)]
+    for rope_dim, theta in keys:
+        cos_sin(3, rope_dim, theta, torch.device("cpu"), torch.float64)
+        assert len(rotary._TABLES) <= bound
+    assert len(rotary._TABLES) == bound
+    # The first key was evicted (least recently used); rebuilt, it is the same table.
+    assert (8, 10000.0, torch.device("cpu"), torch.float32) not in rotary._TABLES
+    again = cos_sin(6, 8, 10000.0, torch.device("cpu"), torch.float32, offset=2)
+    for got, before in zip(again, first):
+        torch.testing.assert_close(got, before, atol=0, rtol=0)
+    for rope_dim, theta in keys:
+        cos, sin = cos_sin(3, rope_dim, theta, torch.device("cpu"), torch.float64, offset=4)
+        angles = rotation_angles(torch.arange(4, 7), inverse_frequencies(rope_dim, theta, dtype=torch.float64))
+        torch.testing.assert_close(cos, angles.cos(), atol=0, rtol=0)
+        torch.testing.assert_close(sin, angles.sin(), atol=0, rtol=0)
+        assert len(rotary._TABLES) <= bound
+
+
+def test_cos_sin_cache_evicts_the_least_recently_used_table():
+    rotary.clear_cos_sin_cache()
+    bound = rotary.COS_SIN_CACHE_SIZE
+    cpu = torch.device("cpu")
+    for i in range(bound):
+        cos_sin(3, 2 * (i + 1), 10000.0, cpu, torch.float32)
+    cos_sin(3, 2, 10000.0, cpu, torch.float32)  # the oldest, used again
+    cos_sin(3, 2 * (bound + 1), 10000.0, cpu, torch.float32)  # evicts the second oldest
+    assert (2, 10000.0, cpu, torch.float32) in rotary._TABLES
+    assert (4, 10000.0, cpu, torch.float32) not in rotary._TABLES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_table_first_built_under_inference_mode_serves_training(dtype, layout):
+    """Decoding under torch.inference_mode() first, then training, in one process:
+    the shared table must not be an inference tensor, or backward cannot save it."""
+    emb = RotaryEmbedding(16, rope_dim=12, layout=layout)
+    torch.manual_seed(0)
+    q, k = (torch.randn(2, 3, 9, 16, dtype=torch.float64).to(dtype) for _ in range(2))
+    upstream = torch.randn(2, 2, 3, 9, 16, dtype=torch.float64).to(dtype)
+
+    def train_step():
+        q_, k_ = q.clone().requires_grad_(), k.clone().requires_grad_()
+        rq, rk = emb.encode_qk(q_, k_, 5)  # positions 5 … 13: the decoding's table
+        torch.autograd.backward((rq, rk), tuple(upstream))
+        return rq.detach(), rk.detach(), q_.grad, k_.grad
+
+    rotary.clear_cos_sin_cache()
+    with torch.inference_mode():
+        emb.encode_qk(q[..., :1, :], k[..., :1, :], 20)  # one decoding step
+    got = train_step()
+
+    rotary.clear_cos_sin_cache()
+    clean = train_step()  # as in a fresh process: the table built in training mode
+    for a, b in zip(got, clean):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

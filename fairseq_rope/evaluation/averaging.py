@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
 
 import torch
 
-from fairseq_rope.base import FairseqRopeError, PathLike, atomic_path
+from fairseq_rope.base import FairseqRopeError, PathLike, atomic_path, report_error
 from fairseq_rope.checkpoints import load_checkpoint
 
 Kind = Literal["update", "epoch"]
@@ -332,8 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.inputs, args.output, num, kind, args.checkpoint_upper_bound, args.force
         )
     except AveragingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report_error(e)
     print(f"averaged {len(paths)} checkpoints into {args.output}", file=sys.stderr)
     for path in paths:
         print(path)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fairseq_rope import base
-from fairseq_rope.base import FairseqRopeError, PathLike, read_lines
+from fairseq_rope.base import FairseqRopeError, PathLike, read_lines, report_error
 from fairseq_rope.evaluation.scoring import (
     TOKENIZED_CONVENTION,
     ScoringError,
@@ -186,8 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         generate_output = resolve_generate_output(args.input, args.subset)
         report = length_report(generate_output, args.edges, args.source_file)
     except (FairseqRopeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report_error(e)
     output = Path(args.output) if args.output else generate_output.parent / "bleu_by_length.json"
     base.write_json(output, report)
     print(format_table(report["buckets"], report["length_unit"]))

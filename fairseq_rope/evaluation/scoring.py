@@ -38,8 +38,7 @@ from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesDetokenizer
 
 from fairseq_rope import base
-from fairseq_rope.base import split_passthrough
-from fairseq_rope.base import FairseqRopeError, PathLike, read_lines
+from fairseq_rope.base import FairseqRopeError, PathLike, read_lines, report_error, split_passthrough
 
 
 # fairseq-generate lines: S-<id>\tsource, T-<id>\ttarget, H-<id>\tscore\thypothesis,
@@ -468,8 +467,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             limits=limits,
         )
     except (FairseqRopeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report_error(e)
     print(summary(results))
     return 0
 

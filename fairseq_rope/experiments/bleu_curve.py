@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fairseq_rope import base
-from fairseq_rope.base import command_line
+from fairseq_rope.base import command_line, report_error
 from fairseq_rope.evaluation.averaging import AveragingError, average_last_checkpoints, find_checkpoints
 from fairseq_rope.evaluation.report import finish, markdown_table, new_axes
 from fairseq_rope.evaluation.decoding import TABLE_DECODING, generate
@@ -143,8 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         report = bleu_curve(args.save_dir, args.data_bin, args.out, args.subset, args.window, args.every, command)
     except (AveragingError, ScoringError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report_error(e)
     print(render(report))
     return 0
 

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from fairseq_rope.base import PLUGIN_DIR, FairseqRopeError, PathLike, split_passthrough
+from fairseq_rope.base import FairseqRopeError, PathLike, PLUGIN_DIR, report_error, split_passthrough
 
 CONFIG_SUFFIX = ".yaml"
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -244,8 +244,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         experiment = load_experiment(args.config, args.config_dir)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e, 2)
 
     if args.data is None:
         out = experiment.argv()

@@ -39,7 +39,7 @@ from fairseq_rope import base
 from fairseq_rope.experiments import collect
 from fairseq_rope.evaluation.averaging import tied_aliases
 from fairseq_rope.checkpoints import load_checkpoint
-from fairseq_rope.base import split_passthrough
+from fairseq_rope.base import report_error, split_passthrough
 from fairseq_rope.data.demo_corpus import write_corpus
 from fairseq_rope.experiments.config import load_experiment, resolve_config
 from fairseq_rope.evaluation.bleu_by_length import length_report
@@ -50,7 +50,6 @@ from fairseq_rope.evaluation.scoring import infer_language_pair
 from fairseq_rope.experiments.table import (
     DEFAULT_RESULTS_DIR,
     DEFAULT_WORK_DIR,
-    REPO,
     ROWS,
     SCALES,
     Row,
@@ -65,8 +64,8 @@ from fairseq_rope.experiments.table import (
     summary_path,
 )
 
-SCRIPTS = REPO / "scripts"
-# The demo corpus and vocabulary of scripts/demo.sh.
+
+# The demo corpus and vocabulary of `make demo` (fairseq_rope/experiments/demo.py).
 DEMO_CORPUS = {"train": 20000, "valid": 500, "test": 500}
 DEMO_VOCAB_SIZE = 2000
 # Set by reproduce_table.sh itself: an extra argument must not redirect them.
@@ -118,8 +117,7 @@ def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) ->
         if (out / "data-bin").is_dir() and raw_dir is None:
             print(f"{scale.data} data already prepared in {out}", file=sys.stderr)
         else:
-            script = "prepare_wmt14_en_de.sh" if scale.data == "wmt14" else "prepare_multi30k.sh"
-            _run([SCRIPTS / script, *(["--raw-dir", raw_dir] if raw_dir else []), out])
+            run_step([*entry_point("data.prepare.cli"), scale.data, *(["--raw-dir", raw_dir] if raw_dir else []), out])
         return out / "data-bin"
     corpus = scale_dir(work_dir, scale) / "corpus"
     vocab_size, clean = DEMO_VOCAB_SIZE, True
@@ -131,7 +129,7 @@ def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) ->
         write_length_corpus(corpus, scale.length_study)
     elif not (corpus / "test.de").is_file():  # write_corpus writes test.de last
         write_corpus(corpus, DEMO_CORPUS["train"], DEMO_CORPUS["valid"], DEMO_CORPUS["test"])
-    _run([SCRIPTS / "prepare_parallel.sh", "--src", "en", "--tgt", "de",
+    run_step([*entry_point("data.prepare.cli"), "parallel", "--src", "en", "--tgt", "de",
           "--vocab-size", str(vocab_size), *([] if clean else ["--no-clean"]),
           "--trainpref", corpus / "train", "--validpref", corpus / "valid",
           "--testpref", corpus / "test", out])
@@ -154,7 +152,7 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
                   file=sys.stderr)
             return None
     start = time.monotonic()
-    _run([SCRIPTS / "train.sh", config, data_bin, save_dir, "--seed", str(seed), *extra])
+    run_step([*entry_point("experiments.training"), config, data_bin, save_dir, "--seed", str(seed), *extra])
     return time.monotonic() - start
 
 
@@ -164,14 +162,19 @@ def evaluate(save_dir: Path, data_bin: Path) -> None:
     ``--force``: called only when training just changed the checkpoints or no
     evaluation finished, so existing results are stale by construction.
     """
-    _run([SCRIPTS / "evaluate.sh", save_dir, data_bin, "--force"])
+    run_step([*entry_point("evaluation.evaluate"), save_dir, data_bin, "--force"])
 
 
-def _run(command: Sequence[Any]) -> None:
+def entry_point(module: str) -> List[str]:
+    """The command running one of the package's entry points with this interpreter."""
+    return [sys.executable, "-m", f"fairseq_rope.{module}"]
+
+
+def run_step(command: Sequence[Any]) -> None:
     command = [str(c) for c in command]
     print(f"\n==> {' '.join(shlex.quote(c) for c in command)}", file=sys.stderr, flush=True)
     if subprocess.run(command).returncode != 0:
-        raise TableError(f"{Path(command[0]).name} failed (its output is above)")
+        raise TableError(f"{' '.join(command[1:3])} failed (its output is above)")
 
 
 # --- The run's summary
@@ -407,8 +410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         row, scale = get_row(args.row), get_scale(args.scale)
         summary = reproduce_row(row, scale, args.seed, Path(args.work_dir).resolve(), extra, args.raw_dir)
     except TableError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e, 2)
     print(f"{summary_path(run_dir(args.work_dir, scale, row, args.seed))}: "
           f"BLEU {summary['bleu_tokenized']:.2f} (tokenized, compound-split), "
           f"sacreBLEU {_format_optional(summary['sacrebleu'])}")

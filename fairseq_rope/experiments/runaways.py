@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import command_line
+from fairseq_rope.base import command_line, report_error
 from fairseq_rope.evaluation.report import markdown_table
 from fairseq_rope.evaluation.decoding import TABLE_DECODING, generate
 from fairseq_rope.evaluation.scoring import (
@@ -224,8 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         studies = [study_run(run) for run in args.runs]
     except (ScoringError, OSError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report_error(e)
     base.write_json(args.out.with_suffix(".json"), {"command": command, "runs": studies})
     text = render(studies, command)
     base.write_text(args.out.with_suffix(".md"), text)

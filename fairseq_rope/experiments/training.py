@@ -1,11 +1,12 @@
-"""``scripts/train.sh``'s checks before training, and the record of the run it starts.
+"""Training runs: ``scripts/train.sh`` / ``fairseq-rope-train``.
 
-``python -m fairseq_rope.experiments.training [--force] CONFIG DATA_BIN SAVE_DIR [-- EXTRA...]``
-checks everything that can be checked before fairseq starts, and only then
-writes ``SAVE_DIR/command.txt`` and a header line in ``SAVE_DIR/train.log`` and
-prints the fairseq-train arguments, NUL-terminated, for ``mapfile -d ''``.
-A failed check exits with status 2 and an ``error:`` line naming the culprit,
-having created or changed nothing:
+``fairseq-rope-train [--force] CONFIG DATA_BIN SAVE_DIR [EXTRA...]`` checks
+everything that can be checked before fairseq starts, and only then writes
+``SAVE_DIR/command.txt`` and a header line in ``SAVE_DIR/train.log``, runs
+fairseq-train with the config's options followed by EXTRA (so EXTRA overrides
+them) and appends fairseq's log to ``train.log`` while showing it. A failed
+check exits with status 2 and an ``error:`` line naming the culprit, having
+created or changed nothing:
 
 - CONFIG must be a config (see :mod:`fairseq_rope.experiments.config`);
 - DATA_BIN must be a readable fairseq-preprocess directory: ``dict.*.txt`` and
@@ -35,12 +36,13 @@ import datetime
 import os
 import shlex
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import FairseqRopeError, split_passthrough
+from fairseq_rope.base import FairseqRopeError, report_error, split_passthrough
 from fairseq_rope.experiments.config import DEFAULT_CONFIG_DIR, ConfigError, load_experiment, training_argv
 
 PROGRAM = "fairseq-train"
@@ -215,12 +217,24 @@ def record_run(save_dir: Path, argv: Sequence[str], cwd: str) -> None:
         log.write(f"# {stamp} {socket.gethostname()} in {cwd}: {command}\n")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+USAGE = "[--force] [--config-dir DIR] CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]"
+
+
+def parse_command_line(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
+    """``[--force] [--config-dir DIR] CONFIG DATA_BIN SAVE_DIR [--] [EXTRA...]``: (own, extra).
+
+    Everything after the three positionals goes to fairseq-train, as the shell
+    script always took it (a ``--`` before it is optional).
+    """
+    own, extra = split_passthrough(argv)
+    if not extra:
+        i = 0
+        while i < len(own) and own[i] in ("--force", "--config-dir"):
+            i += 1 if own[i] == "--force" else 2
+        own, extra = own[:i + 3], own[i + 3:]
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_rope.experiments.training",
-        description="Check train.sh's inputs, record the run in SAVE_DIR and print the "
-        "fairseq-train arguments (NUL-terminated).",
+        prog="fairseq-rope-train", usage=f"%(prog)s {USAGE}",
+        description="Train an experiment config with fairseq-train; rerun unchanged to resume.",
     )
     parser.add_argument("--force", action="store_true",
                         help="continue from SAVE_DIR's checkpoints even if they are of a different run")
@@ -228,23 +242,63 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("config")
     parser.add_argument("data_bin")
     parser.add_argument("save_dir")
-    args = parser.parse_args(own)
+    return parser.parse_args(own), extra
+
+
+def check_and_record(args: argparse.Namespace, extra: Sequence[str]) -> List[str]:
+    """Check everything that can be checked before fairseq starts, then record the run in
+    SAVE_DIR; returns the fairseq-train arguments. Nothing is written if a check fails."""
+    if "--force" in extra:  # fairseq-train would reject it, after the checks said "different run"
+        raise TrainingError("--force goes before CONFIG: train.sh --force CONFIG DATA_BIN SAVE_DIR ...")
     cwd = os.getcwd()
+    train_argv = training_argv(load_experiment(args.config, args.config_dir), args.data_bin, args.save_dir, extra)
+    check_data_bin(args.data_bin, train_argv)
+    check_options(train_argv)
+    check_save_dir(Path(args.save_dir), train_argv, cwd, args.force)
+    Path(args.save_dir).mkdir(parents=True, exist_ok=True)
+    record_run(Path(args.save_dir), train_argv, cwd)
+    return train_argv
+
+
+def run_logged(command: Sequence[str], log: Path) -> int:
+    """Run ``command``, showing its output and appending it to ``log`` (like ``| tee -a``)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # progress as it happens, despite the pipe
+    with open(log, "ab") as f, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                env=env) as process:
+        for line in process.stdout:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+            f.write(line)
+            f.flush()
+    return process.returncode
+
+
+def check(argv: Sequence[str]) -> int:
+    """What :func:`main` does before fairseq-train starts, and no more: the fairseq-train
+    arguments are printed NUL-terminated instead (for a script that runs fairseq-train itself)."""
+    args, extra = parse_command_line(argv)
     try:
-        if "--force" in extra:  # fairseq-train would reject it, after the checks said "different run"
-            raise TrainingError("--force goes before CONFIG: train.sh --force CONFIG DATA_BIN SAVE_DIR ...")
-        train_argv = training_argv(load_experiment(args.config, args.config_dir),
-                                   args.data_bin, args.save_dir, extra)
-        check_data_bin(args.data_bin, train_argv)
-        check_options(train_argv)
-        check_save_dir(Path(args.save_dir), train_argv, cwd, args.force)
-        Path(args.save_dir).mkdir(parents=True, exist_ok=True)
-        record_run(Path(args.save_dir), train_argv, cwd)
+        train_argv = check_and_record(args, extra)
     except (ConfigError, TrainingError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(e, 2)
     sys.stdout.write("".join(a + "\0" for a in train_argv))
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``scripts/train.sh`` / ``fairseq-rope-train``: check, record, then run fairseq-train.
+
+    ``$LAUNCHER``, if set, runs fairseq-train under a launcher, split on whitespace, e.g.
+    ``LAUNCHER="torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ..."``
+    (torchrun takes the script's path, not a command name; see docs/distributed.md).
+    """
+    args, extra = parse_command_line(sys.argv[1:] if argv is None else argv)
+    try:
+        train_argv = check_and_record(args, extra)
+    except (ConfigError, TrainingError) as e:
+        return report_error(e, 2)
+    launcher = shlex.split(os.environ.get("LAUNCHER", ""))
+    return run_logged([*launcher, *base.fairseq_command(PROGRAM), *train_argv], Path(args.save_dir) / LOG_FILE)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The encoder, decoder and their layers are fairseq's, subclassed only where the
 self-attention module is built: encoder and decoder self-attention become
 :class:`~fairseq_rope.attention.PositionalMultiheadAttention` carrying the
 model's position encoding, cross-attention stays fairseq's (unencoded), and no
-token position embeddings are added to the input.
+token position embeddings are added to the input. fairseq's xFormers options
+(``--encoder/--decoder-xformers-att-config``) would reach at most fairseq's
+cross-attention, never this self-attention: they are refused, not ignored.
 
 A model family picks its encoding by name (``position_encoding``) from
 :data:`POSITION_ENCODINGS`; the name travels in the checkpoint's args.
@@ -13,7 +15,7 @@ A model family picks its encoding by name (``position_encoding``) from
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
@@ -61,7 +63,21 @@ def head_dims(args) -> Tuple[int, int]:
             head_dim(args.decoder_embed_dim, args.decoder_attention_heads))
 
 
-def build_self_attention(layer: nn.Module, embed_dim: int, heads: int, cfg) -> nn.Module:
+def refuse_xformers(side: str, xformers_att_config: Optional[str]) -> None:
+    """fairseq would hand --{side}-xformers-att-config to its own self-attention; ours
+    computes attention itself, so the option would silently do nothing."""
+    if xformers_att_config is not None:
+        raise ValueError(
+            f"--{side}-xformers-att-config is not supported: RoPE/RPE self-attention does not "
+            f"support xformers (got {xformers_att_config!r}); remove the option"
+        )
+
+
+def build_self_attention(layer: nn.Module, embed_dim: int, side: str, cfg) -> nn.Module:
+    """Self-attention of an encoder or decoder (``side``) layer, with the model's encoding."""
+    side_cfg = getattr(cfg, side)  # TransformerConfig.encoder / .decoder
+    refuse_xformers(side, side_cfg.xformers_att_config)
+    heads = side_cfg.attention_heads
     encoding = POSITION_ENCODINGS[cfg.position_encoding](cfg, head_dim(embed_dim, heads))
     return PositionalMultiheadAttention(
         embed_dim,
@@ -75,7 +91,7 @@ def build_self_attention(layer: nn.Module, embed_dim: int, heads: int, cfg) -> n
 
 class PositionalEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
-        return build_self_attention(self, embed_dim, cfg.encoder.attention_heads, cfg)
+        return build_self_attention(self, embed_dim, "encoder", cfg)
 
 
 class PositionalDecoderLayer(TransformerDecoderLayerBase):
@@ -85,7 +101,7 @@ class PositionalDecoderLayer(TransformerDecoderLayerBase):
                 "--cross-self-attention and bias/zero attention are not supported "
                 f"with position encoding {cfg.position_encoding!r}"
             )
-        return build_self_attention(self, embed_dim, cfg.decoder.attention_heads, cfg)
+        return build_self_attention(self, embed_dim, "decoder", cfg)
 
 
 def wrap_layer(layer: nn.Module, cfg) -> nn.Module:

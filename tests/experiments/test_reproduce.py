@@ -131,9 +131,9 @@ def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
 def test_evaluation_is_forced_because_reproduce_decides_when_to_evaluate(tmp_path, monkeypatch):
     """evaluate.sh refuses existing results; reproduce reruns evaluate only after training changed them."""
     ran = []
-    monkeypatch.setattr(reproduce, "_run", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", ran.append)
     reproduce.evaluate(tmp_path / "run", tmp_path / "bin")
-    assert ran == [[reproduce.SCRIPTS / "evaluate.sh", tmp_path / "run", tmp_path / "bin", "--force"]]
+    assert ran == [[*reproduce.entry_point("evaluation.evaluate"), tmp_path / "run", tmp_path / "bin", "--force"]]
 
 
 def test_extra_args_cannot_redirect_seed_or_save_dir(tmp_path):
@@ -168,7 +168,7 @@ def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
     """fairseq-train resuming a finished run would take one more update: skip it."""
     ran = []
-    monkeypatch.setattr(reproduce, "_run", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", ran.append)
     config = Path(load_experiment("rope_demo").path)
     (tmp_path / "train.log").write_text(TRAIN_LOG)  # 150 updates
     assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "150"]) is None
@@ -180,10 +180,10 @@ def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
 def test_prepared_wmt14_data_is_not_prepared_again_without_raw_dir(tmp_path, monkeypatch):
     """Rerunning the preparation without --raw-dir would look for (and download) the archives."""
     ran = []
-    monkeypatch.setattr(reproduce, "_run", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", ran.append)
     wmt14 = SCALES["wmt14"]
     assert reproduce.prepare_data(wmt14, tmp_path, "/archives") == tmp_path / "wmt14" / "data" / "data-bin"
-    assert ran[0][1:] == ["--raw-dir", "/archives", tmp_path / "wmt14" / "data"]
+    assert ran[0][3:] == ["wmt14", "--raw-dir", "/archives", tmp_path / "wmt14" / "data"]
     (tmp_path / "wmt14" / "data" / "data-bin").mkdir(parents=True)
     reproduce.prepare_data(wmt14, tmp_path)
     assert len(ran) == 1
@@ -371,11 +371,11 @@ def test_collect_cli(tmp_path, capsys):
 
 def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(reproduce, "_run", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", ran.append)
     multi30k = SCALES["multi30k"]
     data_bin = reproduce.prepare_data(multi30k, tmp_path, "/shared/multi30k")
     assert data_bin == tmp_path / "multi30k" / "data" / "data-bin"
-    assert ran == [[reproduce.SCRIPTS / "prepare_multi30k.sh", "--raw-dir", "/shared/multi30k",
+    assert ran == [[*reproduce.entry_point("data.prepare.cli"), "multi30k", "--raw-dir", "/shared/multi30k",
                     tmp_path / "multi30k" / "data"]]
     data_bin.mkdir(parents=True)
     reproduce.prepare_data(multi30k, tmp_path)
@@ -384,7 +384,7 @@ def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypat
 
 def test_multi30k_length_trains_on_the_short_pairs_of_the_prepared_corpus(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(reproduce, "_run", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", ran.append)
     raw = tmp_path / "multi30k" / "data" / "raw"
     raw.mkdir(parents=True)
     (raw.parent / "data-bin").mkdir()
@@ -399,7 +399,7 @@ def test_multi30k_length_trains_on_the_short_pairs_of_the_prepared_corpus(tmp_pa
     assert (corpus / "valid.de").read_text() == "satz 1\n"
     assert (corpus / "test.de").read_text() == (raw / "test.de").read_text()  # the whole test set
     command = [str(a) for a in ran[0]]
-    assert command[0].endswith("prepare_parallel.sh") and "--no-clean" in command
+    assert command[2:4] == ["fairseq_rope.data.prepare.cli", "parallel"] and "--no-clean" in command
     assert command[command.index("--vocab-size") + 1] == "10000"
     assert data_bin == tmp_path / "multi30k-length" / "data" / "data-bin"
 

@@ -9,7 +9,7 @@ from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_rope.position_encoding import PositionEncoding
-from tests.conftest import BIN_DIR, PLUGIN_DIR, build_model
+from tests.conftest import BIN_DIR, PLUGIN_DIR, build_model, parse_train_args
 
 
 def tokens(dictionary, batch, length, seed=0, pad_left=0):
@@ -114,3 +114,24 @@ def test_invalid_option_through_fairseq_train_exits_non_zero_naming_it(dict_dir,
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith(f"ValueError: {option} must be") and error.endswith(f"got {value}")
     assert not save.exists()  # refused while parsing, before fairseq-train creates --save-dir
+
+
+XFORMERS_CONFIG = '{"name": "scaled_dot_product"}'
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+@pytest.mark.parametrize("arch", ["transformer_rope_tiny", "transformer_rpe_tiny"])
+def test_xformers_attention_config_is_refused_not_ignored(dict_dir, arch, side):
+    """fairseq hands --{side}-xformers-att-config to its own attention only: our
+    self-attention would silently ignore it. Refused while parsing, and when building
+    from args that bypass the parser (a hand-edited checkpoint, --model-overrides)."""
+    from fairseq import tasks
+
+    option = f"--{side}-xformers-att-config"
+    message = f"^{option} is not supported: RoPE/RPE self-attention does not support xformers"
+    with pytest.raises(ValueError, match=message):
+        parse_train_args(dict_dir, arch, option, XFORMERS_CONFIG)
+    args = parse_train_args(dict_dir, arch)
+    setattr(args, f"{side}_xformers_att_config", XFORMERS_CONFIG)
+    with pytest.raises(ValueError, match=message):
+        tasks.setup_task(args).build_model(args)

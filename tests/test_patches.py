@@ -1,0 +1,336 @@
+"""fairseq_rope.patches: every change to fairseq and torch is listed, applied by
+default, left out entirely by its opt-out variable, and refused or skipped when
+its target no longer looks as expected; safe loading never touches os.environ."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from fairseq.data import FairseqDataset
+from fairseq.file_io import PathManager
+from fairseq.tasks import FairseqTask
+
+from fairseq_rope import patches
+from fairseq_rope.checkpoints import UnsafeCheckpointError
+from fairseq_rope.patches import PatchError, PatchWarning, apply_patches, applied_patches, get_patch
+from tests.conftest import REPO
+
+NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "ATOMIC_COPY", "RESUME_BATCHES"]
+REFUSING = {"SAFE_GLOBALS", "SAFE_LOADER"}  # safety: refuse; the resume fixes warn and skip
+
+
+# ---------------------------------------------------------------- listed and documented
+
+
+def test_the_list_is_complete_and_each_entry_says_what_why_and_how_to_opt_out():
+    assert [p.name for p in patches.PATCHES] == NAMES
+    doc = (REPO / "docs" / "patches.md").read_text()
+    for patch in patches.PATCHES:
+        assert patch.target and patch.changes and patch.why and patch.expected, patch.name
+        assert patch.opt_out == f"FAIRSEQ_ROPE_NO_{patch.name}"
+        assert patch.refuse == (patch.name in REFUSING)
+        assert f"`{patch.opt_out}`" in doc and f"`{patch.name}`" in doc
+
+
+# ---------------------------------------------------------------- applied by default, opt-out
+
+
+# Records fairseq's and torch's own objects, then imports the plugin and reports what it changed.
+PROBE = """
+import argparse, json, torch
+from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
+from fairseq.tasks import FairseqTask
+before = dict(load=checkpoint_utils.load_checkpoint_to_cpu, torch=checkpoint_utils.torch,
+              copy=PathManager.copy, batches=FairseqTask.get_batch_iterator,
+              safe_globals=list(torch.serialization.get_safe_globals()))
+import fairseq_rope
+from fairseq_rope.patches import applied_patches
+untouched = {
+    "SAFE_GLOBALS": torch.serialization.get_safe_globals() == before["safe_globals"]
+                    and argparse.Namespace not in torch.serialization.get_safe_globals(),
+    "SAFE_LOADER": checkpoint_utils.load_checkpoint_to_cpu is before["load"]
+                   and checkpoint_utils.torch is before["torch"] is torch,
+    "ATOMIC_COPY": PathManager.copy is before["copy"],
+    "RESUME_BATCHES": FairseqTask.get_batch_iterator is before["batches"],
+}
+print(json.dumps({"applied": list(applied_patches()), "untouched": untouched}))
+"""
+
+
+def probe(**env: str) -> Dict[str, Any]:
+    """Import fairseq_rope in a fresh process with ``env`` (and no other opt-out) set."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FAIRSEQ_ROPE_NO_", "TORCH_FORCE"))}
+    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True,
+                            env={**clean, "OMP_NUM_THREADS": "1", **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def by_default() -> Dict[str, Any]:
+    return probe()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_patch_is_applied_by_default(name, by_default):
+    assert name in by_default["applied"]
+    assert not by_default["untouched"][name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_opt_out_variable_leaves_the_target_untouched(name):
+    report = probe(**{f"FAIRSEQ_ROPE_NO_{name}": "1"})
+    assert report["untouched"][name]
+    assert name not in report["applied"]
+    others = [n for n in NAMES if n != name]
+    assert report["applied"] == others and not any(report["untouched"][n] for n in others)
+
+
+def test_opt_out_takes_true_values_only():
+    patch = get_patch("ATOMIC_COPY")
+    assert not patch.enabled({"FAIRSEQ_ROPE_NO_ATOMIC_COPY": "1"})
+    assert not patch.enabled({"FAIRSEQ_ROPE_NO_ATOMIC_COPY": "True"})
+    assert patch.enabled({"FAIRSEQ_ROPE_NO_ATOMIC_COPY": "0"})
+    assert patch.enabled({"FAIRSEQ_ROPE_NO_SAFE_LOADER": "1"})
+
+
+def test_applying_again_changes_nothing():
+    targets = lambda: (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,  # noqa: E731
+                       PathManager.copy, FairseqTask.get_batch_iterator,
+                       list(torch.serialization.get_safe_globals()))
+    before = targets()
+    assert apply_patches({}) == tuple(NAMES) == applied_patches()
+    assert targets() == before
+    for wrapper in before[0], before[2], before[3]:  # each wraps fairseq's original once
+        assert not hasattr(wrapper.__wrapped__, "__wrapped__")
+
+
+# ---------------------------------------------------------------- guards
+
+
+def assert_refused(name: str, what: str) -> None:
+    with pytest.raises(PatchError) as refusal:
+        get_patch(name).apply()
+    message = str(refusal.value)
+    assert f"patch {name} cannot be applied to {get_patch(name).target}" in message
+    assert f"expected {get_patch(name).expected}" in message and what in message
+    assert f"FAIRSEQ_ROPE_NO_{name}=1" in message
+
+
+def test_safe_globals_refuses_a_torch_with_another_allowlist_api(monkeypatch):
+    monkeypatch.setattr(torch.serialization, "get_safe_globals", lambda: [])  # not applied yet
+    monkeypatch.setattr(torch.serialization, "add_safe_globals", lambda safe_globals, strict: None)
+    assert_refused("SAFE_GLOBALS", "add_safe_globals with parameters ('safe_globals', 'strict')")
+    monkeypatch.delattr(torch.serialization, "add_safe_globals")
+    assert_refused("SAFE_GLOBALS", "without torch.serialization.add_safe_globals")
+
+
+def test_safe_loader_refuses_another_load_checkpoint_to_cpu(monkeypatch):
+    def load_checkpoint_to_cpu(path, arg_overrides=None, strict=True):
+        return {}
+
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
+    assert_refused("SAFE_LOADER", "parameters ('path', 'arg_overrides', 'strict')")
+    assert checkpoint_utils.load_checkpoint_to_cpu is load_checkpoint_to_cpu
+
+
+def test_safe_loader_refuses_a_loader_that_does_not_read_through_torch_load(monkeypatch):
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
+    assert_refused("SAFE_LOADER", "does not call torch.load through its module's global torch")
+    assert checkpoint_utils.load_checkpoint_to_cpu is load_checkpoint_to_cpu
+
+
+def test_atomic_copy_warns_and_skips_another_copy(monkeypatch):
+    def copy(src_path, dst_path, overwrite=False, recursive=False):
+        return True
+
+    monkeypatch.setattr(PathManager, "copy", staticmethod(copy))
+    with pytest.warns(PatchWarning, match=r"patch ATOMIC_COPY cannot be applied .* parameters "
+                                          r"\('src_path', 'dst_path', 'overwrite', 'recursive'\).*skipped"):
+        assert get_patch("ATOMIC_COPY").apply() is False
+    assert PathManager.copy is copy and "ATOMIC_COPY" not in applied_patches()
+
+
+def test_resume_batches_warns_and_skips_another_get_batch_iterator(monkeypatch):
+    def get_batch_iterator(self, dataset, max_tokens=None, epoch=1):
+        return None
+
+    monkeypatch.setattr(FairseqTask, "get_batch_iterator", get_batch_iterator)
+    with pytest.warns(PatchWarning, match=r"patch RESUME_BATCHES cannot be applied .* parameters "
+                                          r"\('self', 'dataset', 'max_tokens', 'epoch'\).*skipped"):
+        assert get_patch("RESUME_BATCHES").apply() is False
+    assert FairseqTask.get_batch_iterator is get_batch_iterator
+
+
+# ---------------------------------------------------------------- safe loading leaves os.environ alone
+
+
+class TouchMarker:
+    """Unpickling this creates ``marker``: stands for any code a checkpoint could run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+@pytest.fixture
+def unsafe_checkpoint(tmp_path):
+    path, marker = tmp_path / "checkpoint_last.pt", tmp_path / "PWNED"
+    torch.save({"model": {"w": torch.zeros(2)}, "extra_state": {"x": TouchMarker(marker)}}, path)
+    return path, marker
+
+
+@pytest.fixture
+def forcing_unsafe_loads(monkeypatch) -> None:
+    """The workaround users set for fairseq under torch >= 2.6."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+
+
+def spy_on_torch_load(monkeypatch, during=None) -> List[dict]:
+    """Record os.environ and the keywords of every torch.load; ``during()`` runs inside it."""
+    calls, real = [], torch.load
+
+    def load(*args, **kwargs):
+        calls.append({"environ": dict(os.environ), "kwargs": dict(kwargs)})
+        if during:
+            during()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    return calls
+
+
+def test_safe_loader_refuses_code_under_force_no_weights_only_without_touching_environ(
+        unsafe_checkpoint, forcing_unsafe_loads, monkeypatch):
+    path, marker = unsafe_checkpoint
+    calls = spy_on_torch_load(monkeypatch)
+    before = dict(os.environ)
+    with pytest.raises(UnsafeCheckpointError, match=f"refused to load checkpoint {path}: torch's safe unpickler"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert not marker.exists()
+    assert len(calls) == 1 and calls[0]["kwargs"]["weights_only"] is True
+    assert calls[0]["environ"] == before  # unchanged during the load...
+    assert dict(os.environ) == before  # ...and after
+
+
+def test_another_thread_sees_os_environ_unchanged_while_a_checkpoint_loads(
+        unsafe_checkpoint, forcing_unsafe_loads, monkeypatch):
+    path, marker = unsafe_checkpoint
+    inside, release = threading.Event(), threading.Event()
+
+    def pause():  # hold the loading thread inside torch.load while the main thread looks
+        inside.set()
+        assert release.wait(timeout=60)
+
+    spy_on_torch_load(monkeypatch, during=pause)
+    errors: List[BaseException] = []
+
+    def load() -> None:
+        try:
+            checkpoint_utils.load_checkpoint_to_cpu(str(path))
+        except BaseException as error:  # noqa: BLE001  (checked below, in the main thread)
+            errors.append(error)
+
+    before = dict(os.environ)
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        assert inside.wait(timeout=60)
+        seen_meanwhile = dict(os.environ)
+    finally:
+        release.set()
+        worker.join(timeout=60)
+    assert seen_meanwhile == before
+    assert len(errors) == 1 and isinstance(errors[0], UnsafeCheckpointError), errors
+    assert not marker.exists() and dict(os.environ) == before
+
+
+def test_fairseq_checkpoint_utils_torch_is_torch_but_for_a_weights_only_load(tmp_path, forcing_unsafe_loads):
+    """The namespace patch: allowlisted Namespace loads, code is refused, torch.load itself is untouched."""
+    good = tmp_path / "good.pt"
+    torch.save({"args": argparse.Namespace(arch="transformer_rope_tiny"), "w": torch.ones(2)}, good)
+    assert checkpoint_utils.torch.load(good)["args"].arch == "transformer_rope_tiny"
+    assert checkpoint_utils.torch.device is torch.device and checkpoint_utils.torch.Tensor is torch.Tensor
+    assert torch.load is not patches.weights_only_load
+    payload = tmp_path / "payload.pt"
+    torch.save({"x": TouchMarker(tmp_path / "PWNED")}, payload)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        checkpoint_utils.torch.load(payload, weights_only=False)  # the caller cannot turn it off
+    assert not (tmp_path / "PWNED").exists()
+
+
+# ---------------------------------------------------------------- resume batches
+
+
+class ToyDataset(FairseqDataset):
+    """64 one-token sentences in a seeded random order: batches depend on the seed."""
+
+    def __init__(self) -> None:
+        self.sizes = np.ones(64, dtype=np.int64)
+        self.epochs: List[int] = []
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def num_tokens(self, index: int) -> int:
+        return 1
+
+    def size(self, index: int) -> int:
+        return 1
+
+    def ordered_indices(self) -> np.ndarray:
+        return np.random.permutation(len(self))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+    def collater(self, samples: list) -> list:
+        return samples
+
+
+def batches(get_batch_iterator, epoch: int, dataset=None):
+    dataset = dataset or ToyDataset()
+    itr = get_batch_iterator(FairseqTask(argparse.Namespace()), dataset, max_sentences=4, seed=1, epoch=epoch)
+    return itr, [tuple(batch) for batch in itr.frozen_batches]
+
+
+def test_a_run_resumed_in_epoch_3_gets_the_batches_of_epoch_1_and_says_so(caplog):
+    patched = FairseqTask.get_batch_iterator
+    fairseqs_own = patched.__wrapped__
+    _, uninterrupted = batches(patched, epoch=1)
+    dataset = ToyDataset()
+    with caplog.at_level(logging.INFO, logger="fairseq_rope.patches"):
+        itr, resumed = batches(patched, epoch=3, dataset=dataset)
+    assert resumed == uninterrupted
+    assert itr.epoch == 3 and dataset.epochs[-1] == 3  # still epoch 3 for the iterator and dataset
+    assert "building the batches of a run resumed in epoch 3 as in epoch 1" in caplog.text
+    assert batches(fairseqs_own, epoch=3)[1] != uninterrupted  # what fairseq alone does
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fairseq_rope.patches"):
+        batches(patched, epoch=1)
+    assert "resumed" not in caplog.text  # an uninterrupted run: nothing changes, nothing logged
