@@ -51,6 +51,53 @@ class PositionalMultiheadAttention(MultiheadAttention):
         self.position_encoding = position_encoding
         # Encodings are built from the head dimension alone; per-head parameters need H too.
         position_encoding.bind_heads(num_heads)
+        self._pack_projections()
+
+    # --- q, k, v projections: packed side by side for inference
+
+    def _pack_projections(self) -> None:
+        """Store the q, k and v projection weights (and biases) side by side in one
+        tensor each, the parameters becoming views into it, so that without
+        gradients one matmul projects all three. Parameters, state dict and
+        training are unchanged; whatever replaces a parameter's storage (another
+        device or dtype, FSDP) only turns the packed path off until repacked."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        self._packed: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+        biases = [p.bias is not None for p in projections]
+        if any(p._forward_pre_hooks or p._forward_hooks for p in projections) or len(set(biases)) > 1:
+            return  # quant-noise hooks, or mixed biases: three projections
+        with torch.no_grad():
+            packed = tuple(
+                torch.cat([getattr(p, name) for p in projections]) if has else None
+                for name, has in (("weight", True), ("bias", biases[0]))
+            )
+        for i, projection in enumerate(projections):
+            rows = slice(i * self.embed_dim, (i + 1) * self.embed_dim)
+            projection.weight.data = packed[0][rows]
+            if packed[1] is not None:
+                projection.bias.data = packed[1][rows]
+        self._packed = packed
+        self._packed_pointers = self._projection_pointers()
+
+    def _projection_pointers(self) -> Tuple[int, int, int]:
+        # The weights tell: whatever gives a parameter new storage (_apply, FSDP's
+        # flattening, load_state_dict(assign=True)) does it to the weights too.
+        return self.q_proj.weight.data_ptr(), self.k_proj.weight.data_ptr(), self.v_proj.weight.data_ptr()
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self._pack_projections()  # the conversion gave the parameters new storage
+        return module
+
+    def _project_qkv(self, query: Tensor, bsz: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """q, k, v as (B, H, T, D): one matmul when no gradient is needed and the
+        parameters still live in the packed tensors, else one per projection."""
+        if not torch.is_grad_enabled() and self._packed is not None \
+                and self._projection_pointers() == self._packed_pointers:
+            qkv = F.linear(query, *self._packed)  # (T, B, 3C)
+            return qkv.view(-1, bsz, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
+        q, k, v = (self._split_heads(_project(p, query), bsz) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return q, k, v
 
     def forward(
         self,
@@ -86,9 +133,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
                 )
         tgt_len, bsz, _ = query.size()
-        q, k, v = (
-            self._split_heads(proj(query), bsz) for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        q, k, v = self._project_qkv(query, bsz)
 
         saved_state = None
         offset = 0
@@ -104,7 +149,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                 incremental_state, saved_state, k, v, key_padding_mask, bsz
             )
 
-        mask = self._additive_mask(attn_mask, key_padding_mask, q.dtype)
+        mask = _MASKS.additive(attn_mask, key_padding_mask, q.dtype)
         bias = encoding.logit_bias(q, offset, k.size(2))
         if bias is not None:
             # The encoding's term joins q·k before the 1/√d scaling (Shaw et al. Eq. 4).
@@ -124,7 +169,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
             out, weights = self._attend_fused(q, k, v, mask), None
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
-        return self.out_proj(out), weights
+        return _project(self.out_proj, out), weights
 
     def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
         """(T, B, C) → (B, H, T, D)."""
@@ -156,28 +201,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
         self._set_input_buffer(incremental_state, saved_state)
         return k, v, key_padding_mask
 
-    @staticmethod
-    def _additive_mask(
-        attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
-    ) -> Optional[Tensor]:
-        """fairseq's masks as one additive mask broadcastable to (B, H, T, S).
-
-        attn_mask: (T, S), additive float (or bool, True = masked);
-        key_padding_mask: (B, S), nonzero = padding.
-        """
-        mask = None
-        if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
-                attn_mask = torch.zeros(
-                    attn_mask.shape, dtype=dtype, device=attn_mask.device
-                ).masked_fill(attn_mask, float("-inf"))
-            mask = attn_mask.to(dtype)
-        if key_padding_mask is not None:
-            padding = key_padding_mask.to(torch.bool)[:, None, None, :]
-            base = mask if mask is not None else torch.zeros((), dtype=dtype, device=padding.device)
-            mask = base.masked_fill(padding, float("-inf"))
-        return mask
-
     def _dropout_p(self) -> float:
         active = self.training or self.dropout_module.apply_during_inference
         return self.dropout_module.p if active else 0.0
@@ -194,13 +217,71 @@ class PositionalMultiheadAttention(MultiheadAttention):
         logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
         if mask is not None:
             logits = logits + mask
-        weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
-        probs = self.dropout_module(weights)
+        if q.dtype == torch.float32:
+            weights = torch.softmax(logits, dim=-1)
+        else:  # half precision: the softmax in fp32
+            weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = self.dropout_module(weights) if self._dropout_p() else weights
         out = torch.matmul(probs, v)
         value_term = self.position_encoding.value_term(probs, offset)
         if value_term is not None:
             out = out + value_term
         return out, weights
+
+
+def _project(linear: torch.nn.Linear, x: Tensor) -> Tensor:
+    """``linear(x)``, without the module call when nothing hooks into it (quant-noise
+    training does): four per layer and decoding step, where overhead is most of the time."""
+    if linear._forward_pre_hooks or linear._forward_hooks:
+        return linear(x)
+    return F.linear(x, linear.weight, linear.bias)
+
+
+def additive_mask(
+    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
+) -> Optional[Tensor]:
+    """fairseq's masks as one additive mask broadcastable to (B, H, T, S).
+
+    attn_mask: (T, S), additive float (or bool, True = masked);
+    key_padding_mask: (B, S), nonzero = padding.
+    """
+    mask = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(
+                attn_mask.shape, dtype=dtype, device=attn_mask.device
+            ).masked_fill(attn_mask, float("-inf"))
+        mask = attn_mask.to(dtype)
+    if key_padding_mask is not None:
+        padding = key_padding_mask.to(torch.bool)[:, None, None, :]
+        base = mask if mask is not None else torch.zeros((), dtype=dtype, device=padding.device)
+        mask = base.masked_fill(padding, float("-inf"))
+    return mask
+
+
+class _LastMask:
+    """:func:`additive_mask` of the last masks seen. Every layer of an encoder or
+    decoder gets the same mask tensors in one forward pass: the first builds the
+    additive mask, the others reuse it. Identity, not equality, decides (the
+    references held keep the tensors alive, so an identity cannot be recycled);
+    a mask built in inference mode is an inference tensor, kept apart."""
+
+    def __init__(self) -> None:
+        self.inputs: Tuple[object, ...] = ()
+        self.mask: Optional[Tensor] = None
+
+    def additive(
+        self, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
+    ) -> Optional[Tensor]:
+        if attn_mask is None and key_padding_mask is None:
+            return None
+        inputs = (attn_mask, key_padding_mask, dtype, torch.is_inference_mode_enabled())
+        if len(self.inputs) != len(inputs) or any(a is not b for a, b in zip(self.inputs, inputs)):
+            self.inputs, self.mask = inputs, additive_mask(attn_mask, key_padding_mask, dtype)
+        return self.mask
+
+
+_MASKS = _LastMask()
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Literal, Optional, Tuple
+from typing import Any, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -107,9 +107,17 @@ def apply_rotary(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown RoPE layout {layout!r}; expected one of {LAYOUTS}")
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _Rotation.apply(x, cos, sin, cis, layout, False)
-    return _rotate(x, cos, sin, cis, layout, inverse=False)  # inference: no autograd bookkeeping
+    return _rotate_all((x,), cos, sin, cis, layout)[0]
+
+
+def _rotate_all(
+    xs: Tuple[Tensor, ...], cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout
+) -> Tuple[Tensor, ...]:
+    """:func:`apply_rotary` of several tensors at the same positions (q and k): one
+    autograd node for all of them when a gradient is needed, none otherwise."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return _Rotation.apply(cos, sin, cis, layout, False, *xs)
+    return tuple(_rotate(x, cos, sin, cis, layout, inverse=False) for x in xs)
 
 
 class _Rotation(torch.autograd.Function):
@@ -117,18 +125,18 @@ class _Rotation(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, x: Tensor, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout, inverse: bool
-    ) -> Tensor:
+        ctx, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout, inverse: bool, *xs: Tensor
+    ) -> Tuple[Tensor, ...]:
         ctx.save_for_backward(cos, sin, cis)
         ctx.layout, ctx.inverse = layout, inverse
-        return _rotate(x, cos, sin, cis, layout, inverse)
+        return tuple(_rotate(x, cos, sin, cis, layout, inverse) for x in xs)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, *grads: Tensor):
         cos, sin, cis = ctx.saved_tensors
         # Through apply() again, so that higher-order gradients work too.
-        rotated_back = _Rotation.apply(grad, cos, sin, cis, ctx.layout, not ctx.inverse)
-        return rotated_back, None, None, None, None, None
+        rotated_back = _Rotation.apply(cos, sin, cis, ctx.layout, not ctx.inverse, *grads)
+        return (None, None, None, None, None, *rotated_back)
 
 
 # Dtypes whose pairs can be viewed as complex numbers: one complex multiply
@@ -148,8 +156,6 @@ def _rotate(
     partial = rope_dim < x.size(-1)
     rotated, passthrough = (x[..., :rope_dim], x[..., rope_dim:]) if partial else (x, None)
     if layout == "interleaved" and x.dtype in _COMPLEX_DTYPES:
-        if not _complex_viewable(rotated):
-            rotated = rotated.clone(memory_format=torch.contiguous_format)
         cis = torch.complex(cos, sin) if cis is None else cis
         out = torch.view_as_real(_as_complex(rotated) * (cis.conj() if inverse else cis)).flatten(-2)
     else:
@@ -166,17 +172,13 @@ def _rotate(
     return torch.cat((out, passthrough), dim=-1) if partial else out
 
 
-def _complex_viewable(t: Tensor) -> bool:
-    """Whether adjacent pairs of ``t``'s last dim can be viewed as complex numbers."""
-    return (
-        t.stride(-1) == 1
-        and t.storage_offset() % 2 == 0
-        and all(stride % 2 == 0 for stride in t.stride()[:-1])
-    )
-
-
 def _as_complex(pairs: Tensor) -> Tensor:
-    return torch.view_as_complex(pairs.unflatten(-1, (-1, 2)))
+    """Adjacent pairs of the last dim as complex numbers: a view where the strides
+    allow it (the usual case, asked of torch rather than checked), else a copy."""
+    try:
+        return torch.view_as_complex(pairs.unflatten(-1, (-1, 2)))
+    except RuntimeError:
+        return torch.view_as_complex(pairs.clone(memory_format=torch.contiguous_format).unflatten(-1, (-1, 2)))
 
 
 def layout_permutation(rope_dim: int, head_dim: Optional[int] = None) -> Tensor:
@@ -221,9 +223,16 @@ COS_SIN_CACHE_SIZE = 16
 _TABLES: "OrderedDict[Tuple[int, float, torch.device, torch.dtype], _CosSinTable]" = OrderedDict()
 
 
+# The last lookup and its slices. Every layer of an encoder or decoder asks for the
+# same positions in one forward pass (in a decoding step: one position), so all
+# but the first layer are served here without touching the table cache.
+_LAST_LOOKUP: List[Any] = [None, None]
+
+
 def clear_cos_sin_cache() -> None:
     """Drop every cached cos/sin table (and the device memory it holds)."""
     _TABLES.clear()
+    _LAST_LOOKUP[:] = [None, None]
 
 
 def cos_sin(
@@ -250,6 +259,10 @@ def _cached_angles(
     length: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, offset: int
 ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """:func:`cos_sin` and, for dtypes with a complex counterpart, cos + i·sin."""
+    # Slices taken under inference mode are not for autograd: a separate entry.
+    lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled())
+    if _LAST_LOOKUP[0] == lookup:
+        return _LAST_LOOKUP[1]
     key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype)
     needed = offset + length
     table = _TABLES.get(key)
@@ -267,7 +280,9 @@ def _cached_angles(
             _TABLES.popitem(last=False)
     _TABLES.move_to_end(key)
     cis = None if table.cis is None else table.cis[offset:needed]
-    return table.cos[offset:needed], table.sin[offset:needed], cis
+    angles = (table.cos[offset:needed], table.sin[offset:needed], cis)
+    _LAST_LOOKUP[:] = [lookup, angles]
+    return angles
 
 
 class RotaryEmbedding(PositionEncoding):
@@ -306,4 +321,5 @@ class RotaryEmbedding(PositionEncoding):
         # One table lookup for both, and no module call: a decoding step is
         # all overhead, the tensors being a single position each.
         cos, sin, cis = _cached_angles(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
-        return apply_rotary(q, cos, sin, self.layout, cis), apply_rotary(k, cos, sin, self.layout, cis)
+        q, k = _rotate_all((q, k), cos, sin, cis, self.layout)
+        return q, k

@@ -200,3 +200,58 @@ def test_fairseqs_encoder_and_decoder_layers_call_it_as_self_attention():
     state = {}
     steps = [decoder(x[t : t + 1], incremental_state=state)[0] for t in range(5)]
     assert (torch.cat(steps) - full).abs().max() < 1e-5
+
+
+# --- Inference shortcuts: packed projections, masks and angles shared by the layers
+
+
+def test_without_gradients_the_packed_projection_computes_what_training_computes():
+    attn = rope_attention()
+    x = torch.randn(6, 3, EMBED)
+    kpm = padding([6, 4, 1], 6)
+    with_grad, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # three projections
+    with torch.no_grad():
+        packed, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # one
+    torch.testing.assert_close(packed, with_grad, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(packed, reference(attn, x, kpm), atol=1e-5, rtol=1e-5)
+
+
+def test_packing_changes_no_parameter_and_no_state_dict_key():
+    attn = rope_attention()
+    stock = MultiheadAttention(EMBED, HEADS, self_attention=True)
+    assert list(attn.state_dict()) == list(stock.state_dict())
+    attn.load_state_dict(stock.state_dict())  # in place: still packed
+    weight, bias = attn._packed
+    torch.testing.assert_close(weight, torch.cat([stock.q_proj.weight, stock.k_proj.weight, stock.v_proj.weight]))
+    torch.testing.assert_close(bias, torch.cat([stock.q_proj.bias, stock.k_proj.bias, stock.v_proj.bias]))
+    assert all(p.is_leaf and p.requires_grad for p in attn.parameters())
+
+
+def test_a_parameter_given_new_storage_is_used_not_the_stale_pack():
+    attn = rope_attention()
+    x = torch.randn(5, 2, EMBED)
+    attn.k_proj.weight.data = torch.randn(EMBED, EMBED)  # new storage, not the pack's
+    with torch.no_grad():
+        out, _ = attn(x, x, x, need_weights=False)
+    torch.testing.assert_close(out, reference(attn, x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_dtype_conversion_repacks():
+    attn = rope_attention().double()
+    assert attn._packed[0].dtype == torch.float64
+    assert attn._projection_pointers() == attn._packed_pointers  # packed again after .double()
+    x = torch.randn(5, 2, EMBED, dtype=torch.float64)
+    with torch.no_grad():
+        out, _ = attn(x, x, x, need_weights=False)
+    torch.testing.assert_close(out, reference(attn, x), atol=1e-6, rtol=1e-6)  # reference angles: fp32
+
+
+def test_the_shared_mask_follows_each_new_mask():
+    """Layers of one pass share the additive mask; the next pass's masks are its own."""
+    attn = rope_attention()
+    x = torch.randn(6, 3, EMBED)
+    for lengths in ([6, 4, 1], [2, 6, 5], [6, 6, 6]):
+        kpm = padding(lengths, 6)
+        for _ in range(2):  # a second layer of the same pass
+            out, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=causal_mask(6), need_weights=False)
+            torch.testing.assert_close(out, reference(attn, x, kpm, causal_mask(6)), atol=1e-5, rtol=1e-5)

@@ -323,3 +323,16 @@ def test_table_first_built_under_inference_mode_serves_training(dtype, layout):
     clean = train_step()  # as in a fresh process: the table built in training mode
     for a, b in zip(got, clean):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_angles_looked_up_under_inference_mode_never_reach_training():
+    """Layers share the last lookup; one made under inference mode is not reused by training."""
+    rotary.clear_cos_sin_cache()
+    rope = RotaryEmbedding(8)
+    q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    with torch.inference_mode():
+        rope.encode_qk(q, k, 0)
+    q.requires_grad_(True)
+    rq, rk = rope.encode_qk(q, k, 0)  # the same positions, dtype and device
+    (rq.sum() + rk.sum()).backward()
+    assert q.grad is not None and q.grad.shape == q.shape
