@@ -132,6 +132,26 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     f"query itself or None, got a different tensor of shape "
                     f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
                 )
+        need_weights = need_weights or need_head_weights
+        if torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return self._attend(query, key_padding_mask, incremental_state, need_weights, attn_mask,
+                                need_head_weights)
+        # No gradient wanted (decoding): inference mode drops the autograd
+        # bookkeeping of the dozen small ops and views of a step. The results
+        # (and cached keys) are inference tensors, which fairseq only reads.
+        with torch.inference_mode():
+            return self._attend(query, key_padding_mask, incremental_state, need_weights, attn_mask,
+                                need_head_weights)
+
+    def _attend(
+        self,
+        query: Tensor,
+        key_padding_mask: Optional[Tensor],
+        incremental_state: Optional[IncrementalState],
+        need_weights: bool,
+        attn_mask: Optional[Tensor],
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, _ = query.size()
         q, k, v = self._project_qkv(query, bsz)
 
@@ -154,7 +174,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
         if bias is not None:
             # The encoding's term joins q·k before the 1/√d scaling (Shaw et al. Eq. 4).
             mask = bias * self.scaling if mask is None else bias * self.scaling + mask
-        need_weights = need_weights or need_head_weights
         # A decoding step's single query gains nothing from a fused kernel, and
         # on CPU SDPA takes twice as long as two matmuls there (measured).
         if need_weights or encoding.needs_probabilities or tgt_len == 1:

@@ -255,3 +255,19 @@ def test_the_shared_mask_follows_each_new_mask():
         for _ in range(2):  # a second layer of the same pass
             out, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=causal_mask(6), need_weights=False)
             torch.testing.assert_close(out, reference(attn, x, kpm, causal_mask(6)), atol=1e-5, rtol=1e-5)
+
+
+def test_decoding_without_gradients_leaves_nothing_that_breaks_training():
+    """Without gradients the attention runs in inference mode; the masks and angles it
+    shares between layers must not be inference tensors when training comes next."""
+    attn = rope_attention().train()
+    attn.dropout_module.p = 0.0
+    x = torch.randn(6, 3, EMBED)
+    kpm, mask = padding([6, 4, 1], 6), causal_mask(6)
+    with torch.no_grad():
+        decoded, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
+    assert decoded.is_inference()  # fairseq only reads it
+    trained, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)
+    trained.sum().backward()  # the same masks and positions, now with autograd
+    assert attn.q_proj.weight.grad is not None
+    torch.testing.assert_close(trained.detach(), decoded.clone(), atol=1e-6, rtol=1e-6)
