@@ -286,7 +286,7 @@ class _LastMask:
     a mask built in inference mode is an inference tensor, kept apart."""
 
     def __init__(self) -> None:
-        self.inputs: Tuple[object, ...] = ()
+        self.inputs: Tuple[object, ...] = (object(),) * 4  # matches no call
         self.mask: Optional[Tensor] = None
 
     def additive(
@@ -295,7 +295,7 @@ class _LastMask:
         if attn_mask is None and key_padding_mask is None:
             return None
         inputs = (attn_mask, key_padding_mask, dtype, torch.is_inference_mode_enabled())
-        if len(self.inputs) != len(inputs) or any(a is not b for a, b in zip(self.inputs, inputs)):
+        if any(a is not b for a, b in zip(self.inputs, inputs)):
             self.inputs, self.mask = inputs, additive_mask(attn_mask, key_padding_mask, dtype)
         return self.mask
 

@@ -273,14 +273,23 @@ def run_logged(command: Sequence[str], log: Path) -> int:
     return process.returncode
 
 
+def checked(argv: Sequence[str]) -> Tuple[argparse.Namespace, Optional[List[str]]]:
+    """Parse, check and record: (arguments, fairseq-train arguments), the latter None
+    (the error shown) when a check failed."""
+    args, extra = parse_command_line(argv)
+    try:
+        return args, check_and_record(args, extra)
+    except (ConfigError, TrainingError) as e:
+        report_error(e)
+        return args, None
+
+
 def check(argv: Sequence[str]) -> int:
     """What :func:`main` does before fairseq-train starts, and no more: the fairseq-train
     arguments are printed NUL-terminated instead (for a script that runs fairseq-train itself)."""
-    args, extra = parse_command_line(argv)
-    try:
-        train_argv = check_and_record(args, extra)
-    except (ConfigError, TrainingError) as e:
-        return report_error(e, 2)
+    _, train_argv = checked(argv)
+    if train_argv is None:
+        return 2
     sys.stdout.write("".join(a + "\0" for a in train_argv))
     return 0
 
@@ -292,11 +301,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``LAUNCHER="torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ..."``
     (torchrun takes the script's path, not a command name; see docs/distributed.md).
     """
-    args, extra = parse_command_line(sys.argv[1:] if argv is None else argv)
-    try:
-        train_argv = check_and_record(args, extra)
-    except (ConfigError, TrainingError) as e:
-        return report_error(e, 2)
+    args, train_argv = checked(sys.argv[1:] if argv is None else argv)
+    if train_argv is None:
+        return 2
     launcher = shlex.split(os.environ.get("LAUNCHER", ""))
     return run_logged([*launcher, *base.fairseq_command(PROGRAM), *train_argv], Path(args.save_dir) / LOG_FILE)
 
