@@ -89,12 +89,19 @@ class PositionalMultiheadAttention(MultiheadAttention):
         self._pack_projections()  # the conversion gave the parameters new storage
         return module
 
+    def _packed_projection(self) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+        """The packed q/k/v weight and bias, when no gradient is needed and the
+        parameters still live in them; else None (three projections)."""
+        if torch.is_grad_enabled() or self._packed is None \
+                or self._projection_pointers() != self._packed_pointers:
+            return None
+        return self._packed
+
     def _project_qkv(self, query: Tensor, bsz: int) -> Tuple[Tensor, Tensor, Tensor]:
-        """q, k, v as (B, H, T, D): one matmul when no gradient is needed and the
-        parameters still live in the packed tensors, else one per projection."""
-        if not torch.is_grad_enabled() and self._packed is not None \
-                and self._projection_pointers() == self._packed_pointers:
-            qkv = F.linear(query, *self._packed)  # (T, B, 3C)
+        """q, k, v as (B, H, T, D): one matmul where the packed weights serve, else three."""
+        packed = self._packed_projection()
+        if packed is not None:
+            qkv = F.linear(query, *packed)  # (T, B, 3C)
             return qkv.view(-1, bsz, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
         q, k, v = (self._split_heads(_project(p, query), bsz) for p in (self.q_proj, self.k_proj, self.v_proj))
         return q, k, v
@@ -133,15 +140,49 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
                 )
         need_weights = need_weights or need_head_weights
-        if torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        if torch.is_grad_enabled():
             return self._attend(query, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
         # No gradient wanted (decoding): inference mode drops the autograd
         # bookkeeping of the dozen small ops and views of a step. The results
         # (and cached keys) are inference tensors, which fairseq only reads.
         with torch.inference_mode():
+            packed = self._packed_projection()
+            if (packed is not None and incremental_state is not None and query.size(0) == 1
+                    and not need_weights and attn_mask is None and self.position_encoding.qk_only
+                    and not self._dropout_p()):
+                return self._decoding_step(query, packed, incremental_state, key_padding_mask), None
             return self._attend(query, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
+
+    def _decoding_step(
+        self,
+        query: Tensor,
+        packed: Tuple[Tensor, Optional[Tensor]],
+        incremental_state: IncrementalState,
+        key_padding_mask: Optional[Tensor],
+    ) -> Tensor:
+        """A beam-search step (one new position per hypothesis, an encoding of q
+        and k only, no weights wanted): what :meth:`_attend` computes, in fewer
+        ops. q and k are encoded in one call that also applies the 1/√d scaling,
+        padding is filled in directly, and a single query's output already lies
+        in (1, B, C) order for the output projection."""
+        bsz = query.size(1)
+        qkv = F.linear(query, *packed).view(bsz, 3, self.num_heads, self.head_dim)
+        saved_state = self._get_input_buffer(incremental_state)
+        offset = saved_state["prev_key"].size(2) if "prev_key" in saved_state else 0
+        qk = self.position_encoding.encode_step(qkv[:, :2], offset, self.scaling)
+        k, v, key_padding_mask = self._extend_cache(
+            incremental_state, saved_state, qk[:, 1, :, None], qkv[:, 2, :, None], key_padding_mask, bsz
+        )
+        # Heads folded into the batch: bmm, without matmul's broadcasting work.
+        q = qk[:, 0].reshape(-1, 1, self.head_dim)  # (B·H, 1, D)
+        logits = torch.bmm(q, k.flatten(0, 1).transpose(1, 2))  # (B·H, 1, S)
+        if key_padding_mask is not None:
+            padding = key_padding_mask.to(torch.bool)[:, None, None, :]
+            logits = logits.view(bsz, self.num_heads, 1, -1).masked_fill(padding, float("-inf")).flatten(0, 1)
+        out = torch.bmm(_softmax(logits), v.flatten(0, 1))  # (B·H, 1, D)
+        return _project(self.out_proj, out.view(1, bsz, self.embed_dim))
 
     def _attend(
         self,
@@ -236,16 +277,20 @@ class PositionalMultiheadAttention(MultiheadAttention):
         logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
         if mask is not None:
             logits = logits + mask
-        if q.dtype == torch.float32:
-            weights = torch.softmax(logits, dim=-1)
-        else:  # half precision: the softmax in fp32
-            weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
+        weights = _softmax(logits)
         probs = self.dropout_module(weights) if self._dropout_p() else weights
         out = torch.matmul(probs, v)
         value_term = self.position_encoding.value_term(probs, offset)
         if value_term is not None:
             out = out + value_term
         return out, weights
+
+
+def _softmax(logits: Tensor) -> Tensor:
+    """Softmax over the keys; in fp32 for half-precision logits."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        return torch.softmax(logits, dim=-1, dtype=torch.float32).to(logits.dtype)
+    return torch.softmax(logits, dim=-1)
 
 
 def _project(linear: torch.nn.Linear, x: Tensor) -> Tensor:

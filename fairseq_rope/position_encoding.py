@@ -11,12 +11,18 @@ head, with q, k, v of shape (batch, heads, time, head_dim)::
 incremental decoding, else 0); keys are at positions 0 … S−1. Every hook
 defaults to "no position information", so an encoding overrides only what it
 uses.
+
+An encoding that acts on q and k alone (it overrides neither ``logit_bias``
+nor ``value_term``; :attr:`PositionEncoding.qk_only` says so, derived from the
+class) lets the attention take a lean beam-search step, which asks for one new
+position through :meth:`PositionEncoding.encode_step` instead.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import torch
 from torch import Tensor, nn
 
 
@@ -25,11 +31,32 @@ class PositionEncoding(nn.Module):
     #: out fused attention kernels that never materialize them.
     needs_probabilities: bool = False
 
+    #: True if the encoding acts through :meth:`encode_qk` alone. Derived from
+    #: the class (neither ``logit_bias`` nor ``value_term`` overridden), so an
+    #: encoding cannot claim it by mistake.
+    qk_only: bool = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.qk_only = (cls.logit_bias is PositionEncoding.logit_bias
+                       and cls.value_term is PositionEncoding.value_term)
+
     def bind_heads(self, num_heads: int) -> None:
         """Told by the owning attention module its number of heads (for per-head parameters)."""
 
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
         return q, k
+
+    def encode_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
+        """One decoding step's queries and keys, at position ``offset``, with the
+        queries also multiplied by ``q_scale`` (the attention's 1/√d).
+
+        qk: (B, 2, H, head_dim), queries at index 0 and keys at 1 of dim 1 (how
+        the packed projection lays them out); returns the same shape. This
+        default goes through :meth:`encode_qk`; an encoding may fuse the two.
+        """
+        q, k = self.encode_qk(qk[:, 0, :, None], qk[:, 1, :, None], offset)
+        return torch.stack((q[:, :, 0] * q_scale, k[:, :, 0]), dim=1)
 
     def logit_bias(self, q: Tensor, offset: int, src_len: int) -> Optional[Tensor]:
         """Additive term of the unscaled logits, broadcastable to (B, H, T, S)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -205,6 +205,16 @@ class _CosSinTable:
         self.sin = angles.sin().to(dtype)
         # e^{i mθ} for the complex-multiply path (see _rotate), where the dtype has one.
         self.cis = torch.complex(self.cos, self.sin) if dtype in _COMPLEX_DTYPES else None
+        self._steps: Dict[float, Tensor] = {}
+
+    def step_multipliers(self, q_scale: float) -> Tensor:
+        """(capacity, 2, 1, rope_dim/2): [q_scale · e^{imθ}, e^{imθ}] for every position m."""
+        steps = self._steps.get(q_scale)
+        if steps is None:
+            with torch.inference_mode(False):  # shared, like the table itself
+                steps = torch.stack((self.cis * q_scale, self.cis), dim=1).unsqueeze(2)
+            self._steps[q_scale] = steps
+        return steps
 
     @property
     def capacity(self) -> int:
@@ -233,6 +243,7 @@ def clear_cos_sin_cache() -> None:
     """Drop every cached cos/sin table (and the device memory it holds)."""
     _TABLES.clear()
     _LAST_LOOKUP[:] = [None, None]
+    _LAST_STEP[:] = [None, None]
 
 
 def cos_sin(
@@ -263,8 +274,18 @@ def _cached_angles(
     lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled())
     if _LAST_LOOKUP[0] == lookup:
         return _LAST_LOOKUP[1]
-    key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype)
     needed = offset + length
+    table = _table(rope_dim, theta, device, dtype, needed)
+    cis = None if table.cis is None else table.cis[offset:needed]
+    angles = (table.cos[offset:needed], table.sin[offset:needed], cis)
+    _LAST_LOOKUP[:] = [lookup, angles]
+    return angles
+
+
+def _table(rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, needed: int) -> "_CosSinTable":
+    """The shared table of (rope_dim, θ) on ``device`` in ``dtype``, holding at least
+    ``needed`` positions; built or grown on demand, least recently used dropped."""
+    key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype)
     table = _TABLES.get(key)
     if table is None or table.capacity < needed:
         capacity = max(256, 1 << (needed - 1).bit_length())
@@ -279,10 +300,24 @@ def _cached_angles(
         while len(_TABLES) > COS_SIN_CACHE_SIZE:
             _TABLES.popitem(last=False)
     _TABLES.move_to_end(key)
-    cis = None if table.cis is None else table.cis[offset:needed]
-    angles = (table.cos[offset:needed], table.sin[offset:needed], cis)
-    _LAST_LOOKUP[:] = [lookup, angles]
-    return angles
+    return table
+
+
+# The last decoding step's multipliers (see _step_multipliers): computed by the
+# first layer of a step, reused by the others.
+_LAST_STEP: List[Any] = [None, None]
+
+
+def _step_multipliers(
+    offset: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, q_scale: float
+) -> Tensor:
+    """[q_scale · e^{i·offset·θ}, e^{i·offset·θ}] as a (2, 1, rope_dim/2) complex
+    tensor: one multiply then rotates a step's queries (and scales them) and keys."""
+    lookup = (offset, rope_dim, theta, device, dtype, q_scale, torch.is_inference_mode_enabled())
+    if _LAST_STEP[0] != lookup:
+        table = _table(rope_dim, theta, device, dtype, offset + 1)
+        _LAST_STEP[:] = [lookup, table.step_multipliers(q_scale)[offset]]
+    return _LAST_STEP[1]
 
 
 class RotaryEmbedding(PositionEncoding):
@@ -323,3 +358,16 @@ class RotaryEmbedding(PositionEncoding):
         cos, sin, cis = _cached_angles(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
         q, k = _rotate_all((q, k), cos, sin, cis, self.layout)
         return q, k
+
+    def encode_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
+        """A decoding step's q and k (B, 2, H, head_dim) in one complex multiply,
+        the 1/√d scaling of q folded into its multiplier (Eq. 16's form)."""
+        if (self.layout != "interleaved" or qk.dtype not in _COMPLEX_DTYPES or self.rope_dim != qk.size(-1)
+                or (qk.requires_grad and torch.is_grad_enabled())):
+            return super().encode_step(qk, offset, q_scale)  # through encode_qk (and its backward)
+        multipliers = _step_multipliers(offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale)
+        pairs = _as_complex(qk)
+        # Written as (2, B, H, ·) memory: the step's q and k each come out contiguous.
+        out = pairs.new_empty((2, pairs.size(0), *pairs.shape[2:])).transpose(0, 1)
+        torch.mul(pairs, multipliers, out=out)
+        return torch.view_as_real(out).flatten(-2)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""One self-attention decoding step, RoPE against fairseq's stock module (see fairseq_rope/benchmark/step.py).
+"""One self-attention layer through a beam search, RoPE against fairseq's stock module (see fairseq_rope/benchmark/step.py).
 
-    .venv/bin/python scripts/attention_step.py [--dims 64x2,512x8] [--cached 16,64] [--reps 300]
+    .venv/bin/python scripts/attention_step.py [--dims 64x2,512x8] [--steps 16,64] [--reps 30]
 """
 
 import sys

@@ -271,3 +271,60 @@ def test_decoding_without_gradients_leaves_nothing_that_breaks_training():
     trained.sum().backward()  # the same masks and positions, now with autograd
     assert attn.q_proj.weight.grad is not None
     torch.testing.assert_close(trained.detach(), decoded.clone(), atol=1e-6, rtol=1e-6)
+
+
+# --- The lean beam-search step
+
+
+def decode_steps(attn, x, orders=None, key_padding_mask=None):
+    """Incremental steps over x (T, B, C), reordering the cache as beam search does."""
+    state, outs = {}, []
+    for t in range(x.size(0)):
+        if t and orders is not None:
+            attn.reorder_incremental_state(state, orders[t])
+            x = x[:, orders[t]]
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask[orders[t]]
+        kpm = None if key_padding_mask is None else key_padding_mask[:, t : t + 1]  # this step's key
+        outs.append(attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], key_padding_mask=kpm,
+                         incremental_state=state, need_weights=False)[0])
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("rope_dim", [None, 4])
+def test_lean_step_computes_what_the_general_path_computes(monkeypatch, rope_dim):
+    """Without gradients a decoding step of a q/k-only encoding takes the lean path
+    (the general one is made to fail); with gradients the general path runs. Both
+    agree, through beam reorderings and padded keys."""
+    attn = rope_attention(rope_dim=rope_dim)
+    x = torch.randn(6, 4, EMBED)
+    orders = [None] + [torch.randint(0, 4, (4,)) for _ in range(5)]
+    kpm = padding([6, 6, 6, 6], 6)
+    kpm[1, 1:3] = True  # padded keys (the first is not: an all-padded step is NaN on either path)
+    general = decode_steps(attn, x, orders, kpm)  # gradients enabled: the general path
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the general attention path ran during a lean decoding step")
+
+    monkeypatch.setattr(PositionalMultiheadAttention, "_attend", refuse)
+    with torch.no_grad():
+        lean = decode_steps(attn, x, orders, kpm)
+    torch.testing.assert_close(lean, general.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_steps_that_need_more_take_the_general_path(monkeypatch):
+    """Weights wanted, an encoding with logit or value terms, or active dropout: no lean step."""
+    from fairseq_rope.relative import RelativePositionEncoding
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("lean step taken")
+
+    monkeypatch.setattr(PositionalMultiheadAttention, "_decoding_step", refuse)
+    x = torch.randn(1, 2, EMBED)
+    rpe = PositionalMultiheadAttention(EMBED, HEADS, RelativePositionEncoding(EMBED // HEADS, 4)).eval()
+    dropping = rope_attention()
+    dropping.dropout_module.p, dropping.dropout_module.apply_during_inference = 0.5, True
+    with torch.no_grad():
+        rope_attention()(x, x, x, incremental_state={}, need_weights=True)
+        rpe(x, x, x, incremental_state={}, need_weights=False)
+        dropping(x, x, x, incremental_state={}, need_weights=False)

@@ -1,0 +1,64 @@
+"""The encoding contract: which encodings may take the lean decoding step, and what
+``encode_step`` must compute (the same as ``encode_qk`` plus q's scaling)."""
+
+import pytest
+import torch
+
+from fairseq_rope import rotary
+from fairseq_rope.position_encoding import PositionEncoding
+from fairseq_rope.relative import RelativePositionEncoding
+from fairseq_rope.rotary import RotaryEmbedding
+
+
+class BiasOnly(PositionEncoding):
+    def logit_bias(self, q, offset, src_len):
+        return torch.zeros(())
+
+
+class ValueOnly(PositionEncoding):
+    def value_term(self, probs, offset):
+        return None
+
+
+def test_qk_only_is_derived_from_the_class_not_declared():
+    assert PositionEncoding.qk_only and RotaryEmbedding.qk_only
+    assert not RelativePositionEncoding.qk_only
+    # An encoding that forgets to say it adds a logit or value term cannot claim q/k only.
+    assert not BiasOnly.qk_only and not ValueOnly.qk_only
+
+
+def generic_step(encoding: PositionEncoding, qk: torch.Tensor, offset: int, q_scale: float):
+    """What encode_step must equal: the base class's route through encode_qk."""
+    return PositionEncoding.encode_step(encoding, qk, offset, q_scale)
+
+
+@pytest.mark.parametrize(
+    "dtype, layout, rope_dim",
+    [(torch.float32, "interleaved", None), (torch.float64, "interleaved", None),
+     (torch.float32, "interleaved", 4), (torch.float32, "half", None), (torch.bfloat16, "interleaved", None)],
+    ids=["fp32", "fp64", "partial", "half-layout", "bf16"],
+)
+def test_rope_step_equals_encode_qk_then_scaling(dtype, layout, rope_dim):
+    rope = RotaryEmbedding(8, rope_dim, layout=layout)
+    qk = torch.randn(5, 2, 3, 8, dtype=dtype)
+    for offset in (0, 7, 300, 7):  # a new table size and back: the step memo follows
+        got = rope.encode_step(qk, offset, 0.125)
+        q, k = rope.encode_qk(qk[:, 0, :, None], qk[:, 1, :, None], offset)
+        assert got.shape == qk.shape
+        tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 1e-6, "rtol": 1e-6}
+        torch.testing.assert_close(got[:, 0], q[:, :, 0] * 0.125, **tol)
+        torch.testing.assert_close(got[:, 1], k[:, :, 0], **tol)
+        torch.testing.assert_close(got, generic_step(rope, qk, offset, 0.125), **tol)
+
+
+def test_step_multipliers_built_under_inference_mode_serve_training():
+    """The per-table step multipliers are shared like the table: never inference tensors."""
+    rotary.clear_cos_sin_cache()
+    rope = RotaryEmbedding(8)
+    with torch.inference_mode():
+        rope.encode_step(torch.randn(3, 2, 2, 8), 4, 0.5)
+    table = rotary._table(8, rope.theta, torch.device("cpu"), torch.float32, 5)
+    assert table._steps and not any(steps.is_inference() for steps in table._steps.values())
+    qk = torch.randn(3, 2, 2, 8, requires_grad=True)
+    rope.encode_step(qk, 4, 0.5).sum().backward()  # the same step, now with autograd
+    assert qk.grad is not None
