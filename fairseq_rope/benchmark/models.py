@@ -84,7 +84,7 @@ def train_argv(data_dir: Path, row: Row, device: torch.device, dtype: str,
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """fairseq logs every model build at INFO (and hydra warns about its own API);
     the benchmark prints its own table."""
     previous = logging.root.manager.disable
@@ -103,7 +103,7 @@ def build_trainer(argv: Sequence[str], seed: int):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    with _quiet():
+    with quiet():
         args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
         # fairseq's parser ties --bf16 to TPUs (options.py sets args.tpu); its bf16 path in
         # Trainer and FP16Optimizer (bf16 model, fp32 master weights, no loss scaling) is
@@ -169,7 +169,7 @@ def bench_training(
 ) -> Dict[str, Dict[str, Any]]:
     """Interleaved train steps of every row on the same batch; tokens/s and peak memory."""
     steps = {name: (lambda t=trainer: t.train_step([batch])) for name, trainer in trainers.items()}
-    with _quiet():
+    with quiet():
         stats: Dict[str, Stats] = interleaved(steps, reps, device, warmup=warmup)
         peaks = {name: peak_during(step, device) for name, step in steps.items()}
     tokens = int(batch["ntokens"])
@@ -214,7 +214,7 @@ def bench_decoding(
             return task.inference_step(generator, [model], sample)
 
         calls[name] = decode
-    with _quiet():
+    with quiet():
         lengths = {name: sorted({len(h[0]["tokens"]) for h in call()}) for name, call in calls.items()}
         stats = interleaved(calls, reps, device, warmup=warmup)
         peaks = {name: peak_during(call, device) for name, call in calls.items()}
