@@ -97,9 +97,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
             return None
         return self._packed
 
-    def _project_qkv(self, query: Tensor, bsz: int) -> Tuple[Tensor, Tensor, Tensor]:
-        """q, k, v as (B, H, T, D): one matmul where the packed weights serve, else three."""
-        packed = self._packed_projection()
+    def _project_qkv(
+        self, query: Tensor, bsz: int, packed: Optional[Tuple[Tensor, Optional[Tensor]]]
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """q, k, v as (B, H, T, D): one matmul with the packed weights if given, else three."""
         if packed is not None:
             qkv = F.linear(query, *packed)  # (T, B, 3C)
             return qkv.view(-1, bsz, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
@@ -141,7 +142,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                 )
         need_weights = need_weights or need_head_weights
         if torch.is_grad_enabled():
-            return self._attend(query, key_padding_mask, incremental_state, need_weights, attn_mask,
+            return self._attend(query, None, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
         # No gradient wanted (decoding): inference mode drops the autograd
         # bookkeeping of the dozen small ops and views of a step. The results
@@ -152,7 +153,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     and not need_weights and attn_mask is None and self.position_encoding.qk_only
                     and not self._dropout_p()):
                 return self._decoding_step(query, packed, incremental_state, key_padding_mask), None
-            return self._attend(query, key_padding_mask, incremental_state, need_weights, attn_mask,
+            return self._attend(query, packed, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
 
     def _decoding_step(
@@ -187,6 +188,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
     def _attend(
         self,
         query: Tensor,
+        packed: Optional[Tuple[Tensor, Optional[Tensor]]],
         key_padding_mask: Optional[Tensor],
         incremental_state: Optional[IncrementalState],
         need_weights: bool,
@@ -194,7 +196,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
         need_head_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, _ = query.size()
-        q, k, v = self._project_qkv(query, bsz)
+        q, k, v = self._project_qkv(query, bsz, packed)
 
         saved_state = None
         offset = 0
