@@ -1,0 +1,136 @@
+"""Operator profile of a training step and of a beam search, RoPE against stock.
+
+Where :mod:`~fairseq_rope.benchmark.phases` splits a decode by module, this
+splits a training step (forward, backward, Adam) and a decode by torch
+operator: ``torch.profiler``'s self CPU time and call count per operator, per
+step, for the stock ``sinusoidal`` row and ``rope``, built and fed as the
+benchmark builds and feeds them. Operators only one row runs are where the
+encodings differ (sinusoidal: the position table lookup and add; RoPE: the
+complex multiply of the rotation and its inverse in the backward); the rest
+shows whether RoPE's layers do more or less of the shared work. Self CPU time
+counts operators only: Python between them is the difference of wall time
+and operator time, reported too.
+
+``scripts/profile_step.py [--size tiny] [--length 64] [--steps 5] [--top 25]``
+writes ``docs/benchmarks/profile-SIZE.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fairseq_rope import base
+from fairseq_rope.benchmark import machine, models
+from fairseq_rope.evaluation.report import markdown_table
+
+ROWS = ("sinusoidal", "rope")
+DECODE_SENTENCES = 16
+
+#: Per operator: (self CPU seconds, calls), per step.
+OperatorTimes = Dict[str, Tuple[float, float]]
+
+
+def profile_calls(call: Callable[[], object], steps: int) -> Tuple[OperatorTimes, float]:
+    """Operator self CPU time and calls per step of ``call``, and its wall time per step."""
+    call()  # warm: first-call allocations and table builds stay out
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            call()
+        wall = (time.perf_counter() - start) / steps
+    ops = {event.key: (event.self_cpu_time_total * 1e-6 / steps, event.count / steps)
+           for event in prof.key_averages() if event.key.startswith("aten::")}
+    return ops, wall
+
+
+def measure(size: str, length: int, steps: int, seed: int = 1) -> Dict[str, Dict[str, Tuple[OperatorTimes, float]]]:
+    """{"train" | "decode": {row: (operator times, wall seconds per step)}}."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    rows = {row.name: row for row in models.rows_for(size)}
+    vocab = 37000 if size == "base" else 1000
+    data_dir = models.write_dictionary(Path(tempfile.mkdtemp(prefix="profile-")), vocab)
+    device = torch.device("cpu")
+    out: Dict[str, Dict[str, Tuple[OperatorTimes, float]]] = {"train": {}, "decode": {}}
+    for name in ROWS:
+        trainer, task = models.build_trainer(models.train_argv(data_dir, rows[name], device, "fp32", 0.1, 2048, seed), seed)
+        batch = models.synthetic_batch(task, length, max(1, 2048 // length), seed)
+        with models.quiet():
+            out["train"][name] = profile_calls(lambda: trainer.train_step([batch]), steps)
+            generator = task.build_generator([trainer.model], GenerationConfig(
+                beam=4, lenpen=0.6, min_len=length, max_len_a=0, max_len_b=length))
+            sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
+            trainer.model.eval()
+            out["decode"][name] = profile_calls(lambda: task.inference_step(generator, [trainer.model], sample), steps)
+            trainer.model.train()
+    return out
+
+
+def report(results: Dict[str, Tuple[OperatorTimes, float]], top: int) -> List[str]:
+    """The ``top`` operators by the larger of the two rows' time, then totals."""
+    (stock_ops, stock_wall), (rope_ops, rope_wall) = (results[name] for name in ROWS)
+    names = sorted(set(stock_ops) | set(rope_ops),
+                   key=lambda op: -max(stock_ops.get(op, (0, 0))[0], rope_ops.get(op, (0, 0))[0]))
+
+    def cell(ops: OperatorTimes, op: str) -> str:
+        seconds, calls = ops.get(op, (0.0, 0.0))
+        return f"{seconds * 1e3:.2f} ({calls:g})" if calls else "—"
+
+    lines = [[f"`{op}`", cell(stock_ops, op), cell(rope_ops, op)] for op in names[:top]]
+    rest = names[top:]
+    lines.append([f"{len(rest)} other operators", *(f"{sum(ops.get(op, (0, 0))[0] for op in rest) * 1e3:.2f}"
+                                                  for ops in (stock_ops, rope_ops))])
+    op_totals = [sum(seconds for seconds, _ in ops.values()) for ops in (stock_ops, rope_ops)]
+    lines.append(["**all operators**", *(f"**{t * 1e3:.2f}**" for t in op_totals)])
+    lines.append(["**wall time** (profiled)", f"**{stock_wall * 1e3:.2f}**", f"**{rope_wall * 1e3:.2f}**"])
+    lines.append(["wall − operators: Python, between operators",
+                  *(f"{(wall - t) * 1e3:.2f}" for wall, t in zip((stock_wall, rope_wall), op_totals))])
+    return markdown_table(["operator", "sinusoidal: ms per step (calls)", "rope: ms per step (calls)"], lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/profile_step.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=("tiny", "base"), default="tiny")
+    parser.add_argument("--length", type=int, default=64, help="sentence length in tokens (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=5, help="profiled steps per row (default: %(default)s)")
+    parser.add_argument("--top", type=int, default=25, help="operators listed (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="markdown file (default: docs/benchmarks/profile-SIZE.md)")
+    args = parser.parse_args(argv)
+    results = measure(args.size, args.length, args.steps)
+    described = machine.describe(torch.device("cpu"))
+    text = "\n".join([
+        f"# Operator profile: {args.size}, T = {args.length}",
+        "",
+        f"Written by `{base.command_line('scripts/profile_step.py', argv)}` on {described['date']} "
+        f"(commit {described['git_commit']}; {described['cpu']}, {torch.get_num_threads()} threads). "
+        f"`torch.profiler` self CPU time per step and calls per step, mean over {args.steps} steps "
+        "after one unprofiled step (fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
+        "per operator to the wall time; compare rows, not these times with the benchmark's.",
+        "",
+        f"## Training step (Trainer.train_step: forward, backward, Adam; {max(1, 2048 // args.length)} "
+        f"sentences × {args.length} tokens)",
+        "",
+        *report(results["train"], args.top),
+        "",
+        f"## Beam search (beam 4, {DECODE_SENTENCES} sentences, output length forced to {args.length})",
+        "",
+        *report(results["decode"], args.top),
+        "",
+    ])
+    out = args.out or base.project_dir() / "docs" / "benchmarks" / f"profile-{args.size}.md"
+    base.write_text(out, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
