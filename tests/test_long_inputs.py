@@ -9,7 +9,6 @@ the running command's task limits, resolved with the model's ``max_positions()``
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import List, Tuple
 

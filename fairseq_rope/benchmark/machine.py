@@ -8,7 +8,7 @@ import platform
 import re
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 
@@ -71,3 +71,17 @@ def describe(device: torch.device) -> Dict[str, Any]:
         info.update(gpu=props.name, gpu_memory_bytes=props.total_memory,
                     gpu_capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
     return info
+
+
+def provenance(script: str, argv: Optional[Sequence[str]]) -> str:
+    """The sentence a CPU report opens with: the command, date, commit, CPU and threads."""
+    described = describe(torch.device("cpu"))
+    return (f"Written by `{base.command_line(script, argv)}` on {described['date']} "
+            f"(commit {described['git_commit']}; {described['cpu']}, {torch.get_num_threads()} threads).")
+
+
+def publish(out: Path, lines: Sequence[str]) -> None:
+    """Write a report's markdown lines to ``out`` and print them."""
+    text = "\n".join(lines)
+    base.write_text(out, text)
+    print(text)

@@ -148,12 +148,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = measure(args.size, args.length, args.reps)
-    described = machine.describe(torch.device("cpu"))
-    text = "\n".join([
+    lines = [
         f"# Where a beam search's time goes: {args.size}, T = {args.length}",
         "",
-        f"Written by `{base.command_line('scripts/decode_phases.py', argv)}` on {described['date']} "
-        f"(commit {described['git_commit']}; {described['cpu']}, {torch.get_num_threads()} threads). "
+        machine.provenance("scripts/decode_phases.py", argv) + " "
         f"{SENTENCES} sentences, beam 4, output length forced to {args.length}, {args.reps} interleaved "
         "repetitions; ms per decode: the median and the mean, and per phase the mean wall time spent inside "
         "each module's forward (decoder includes its layers' modules; the timers add a few µs per call "
@@ -164,10 +162,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         *report(results),
         "",
-    ])
+    ]
     out = args.out or base.project_dir() / "docs" / "benchmarks" / f"decode-phases-{args.size}.md"
-    base.write_text(out, text)
-    print(text)
+    machine.publish(out, lines)
     return 0
 
 

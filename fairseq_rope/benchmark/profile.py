@@ -106,12 +106,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="markdown file (default: docs/benchmarks/profile-SIZE.md)")
     args = parser.parse_args(argv)
     results = measure(args.size, args.length, args.steps)
-    described = machine.describe(torch.device("cpu"))
-    text = "\n".join([
+    lines = [
         f"# Operator profile: {args.size}, T = {args.length}",
         "",
-        f"Written by `{base.command_line('scripts/profile_step.py', argv)}` on {described['date']} "
-        f"(commit {described['git_commit']}; {described['cpu']}, {torch.get_num_threads()} threads). "
+        machine.provenance("scripts/profile_step.py", argv) + " "
         f"`torch.profiler` self CPU time per step and calls per step, mean over {args.steps} steps "
         "after one unprofiled step (fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
         "per operator to the wall time; compare rows, not these times with the benchmark's.",
@@ -125,10 +123,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         *report(results["decode"], args.top),
         "",
-    ])
+    ]
     out = args.out or base.project_dir() / "docs" / "benchmarks" / f"profile-{args.size}.md"
-    base.write_text(out, text)
-    print(text)
+    machine.publish(out, lines)
     return 0
 
 

@@ -90,12 +90,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows.append([f"{embed_dim}×{heads}", str(steps),
                          *(fmt_spread(stats[n].as_dict(), per_step, fmt_time) for n in ("stock", "rope")),
                          f"{ratio:.3f}"])
-    described = machine.describe(torch.device("cpu"))
-    text = "\n".join([
+    lines = [
         "# One self-attention layer through a beam search: RoPE ÷ stock",
         "",
-        f"Written by `{base.command_line('scripts/attention_step.py', argv)}` on {described['date']} "
-        f"(commit {described['git_commit']}; {described['cpu']}, {torch.get_num_threads()} threads). "
+        machine.provenance("scripts/attention_step.py", argv) + " "
         f"{HYPOTHESES} hypotheses decode `steps` positions from an empty cache, reordered before every "
         "step as beam search reorders it, under `torch.no_grad`; time per step, medians over "
         f"{args.reps} interleaved repetitions, interquartile range in brackets "
@@ -104,9 +102,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         *markdown_table(["d×heads", "steps", "stock, per step", "rope, per step", "rope ÷ stock (time)"], rows),
         "",
-    ])
-    base.write_text(args.out, text)
-    print(text)
+    ]
+    machine.publish(args.out, lines)
     return 0
 
 
