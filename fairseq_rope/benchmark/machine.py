@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -78,6 +79,16 @@ def provenance(script: str, argv: Optional[Sequence[str]]) -> str:
     described = describe(torch.device("cpu"))
     return (f"Written by `{base.command_line(script, argv)}` on {described['date']} "
             f"(commit {described['git_commit']}; {described['cpu']}, {torch.get_num_threads()} threads).")
+
+
+def add_size_and_out(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--size tiny|base`` and ``--out`` (default ``docs/benchmarks/NAME-SIZE.md``) of a report script."""
+    parser.add_argument("--size", choices=("tiny", "base"), default="tiny")
+    parser.add_argument("--out", type=Path, default=None, help=f"markdown file (default: docs/benchmarks/{name}-SIZE.md)")
+
+
+def out_path(args: argparse.Namespace, name: str) -> Path:
+    return args.out or base.project_dir() / "docs" / "benchmarks" / f"{name}-{args.size}.md"
 
 
 def publish(out: Path, lines: Sequence[str]) -> None:

@@ -33,7 +33,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 from fairseq.modules import MultiheadAttention
 
-from fairseq_rope import base
 from fairseq_rope.benchmark import machine, models
 from fairseq_rope.benchmark.timing import interleaved
 from fairseq_rope.evaluation.report import markdown_table
@@ -138,12 +137,10 @@ def report(results: Dict[str, Dict[str, float]]) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/decode_phases.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=("tiny", "base"), default="tiny")
+    machine.add_size_and_out(parser, "decode-phases")
     parser.add_argument("--length", type=int, default=32, help="output length, forced (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="markdown file (default: docs/benchmarks/decode-phases-SIZE.md)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -163,8 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         *report(results),
         "",
     ]
-    out = args.out or base.project_dir() / "docs" / "benchmarks" / f"decode-phases-{args.size}.md"
-    machine.publish(out, lines)
+    machine.publish(machine.out_path(args, "decode-phases"), lines)
     return 0
 
 

@@ -27,7 +27,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fairseq_rope import base
 from fairseq_rope.benchmark import machine, models
 from fairseq_rope.evaluation.report import markdown_table
 
@@ -98,12 +97,10 @@ def report(results: Dict[str, Tuple[OperatorTimes, float]], top: int) -> List[st
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/profile_step.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=("tiny", "base"), default="tiny")
+    machine.add_size_and_out(parser, "profile")
     parser.add_argument("--length", type=int, default=64, help="sentence length in tokens (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps per row (default: %(default)s)")
     parser.add_argument("--top", type=int, default=25, help="operators listed (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="markdown file (default: docs/benchmarks/profile-SIZE.md)")
     args = parser.parse_args(argv)
     results = measure(args.size, args.length, args.steps)
     lines = [
@@ -124,8 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         *report(results["decode"], args.top),
         "",
     ]
-    out = args.out or base.project_dir() / "docs" / "benchmarks" / f"profile-{args.size}.md"
-    machine.publish(out, lines)
+    machine.publish(machine.out_path(args, "profile"), lines)
     return 0
 
 
