@@ -201,8 +201,10 @@ def save_record(run: Path, record: Path) -> None:
             base.write_text(record / source.name, source.read_text(encoding="utf-8"))
     for hyps in (run / "eval").glob("hyps.detok.*"):
         with base.atomic_path(record / f"{hyps.name}.gz") as tmp:
-            # mtime 0: the same hypotheses give the same bytes, so git sees no change.
-            with open(hyps, "rb") as src, gzip.GzipFile(tmp, "wb", mtime=0) as dst:
+            # No name and mtime 0 in the header: the same hypotheses give the same
+            # bytes (the temporary file's name would differ each time), so git sees no change.
+            with open(hyps, "rb") as src, open(tmp, "wb") as raw, \
+                    gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as dst:
                 shutil.copyfileobj(src, dst)
 
 

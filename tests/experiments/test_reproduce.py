@@ -443,6 +443,9 @@ def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
     record = out / "runs" / "multi30k" / "rope" / "seed1"
     assert (record / "run.json").is_file() and (record / "command.txt").is_file()
     assert (record / "hyps.detok.de.gz").is_file()
+    first = (record / "hyps.detok.de.gz").read_bytes()
+    collect.collect(SCALES["multi30k"], work, out)
+    assert (record / "hyps.detok.de.gz").read_bytes() == first  # same run, same bytes: nothing for git
     import shutil
 
     shutil.rmtree(work)
