@@ -37,17 +37,31 @@ DECODE_SENTENCES = 16
 OperatorTimes = Dict[str, Tuple[float, float]]
 
 
-def profile_calls(call: Callable[[], object], steps: int) -> Tuple[OperatorTimes, float]:
-    """Operator self CPU time and calls per step of ``call``, and its wall time per step."""
-    call()  # warm: first-call allocations and table builds stay out
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
-            call()
-        wall = (time.perf_counter() - start) / steps
-    ops = {event.key: (event.self_cpu_time_total * 1e-6 / steps, event.count / steps)
-           for event in prof.key_averages() if event.key.startswith("aten::")}
-    return ops, wall
+def profile_interleaved(calls: Dict[str, Callable[[], object]], steps: int) -> Dict[str, Tuple[OperatorTimes, float]]:
+    """Per candidate: operator self CPU time and calls per step, and wall time per step.
+
+    Each step of each candidate is profiled on its own, the candidates taking
+    turns (in an order that rotates), so a slow phase of the machine falls on
+    every row alike rather than on whichever ran last."""
+    names = list(calls)
+    for call in calls.values():
+        call()  # warm: first-call allocations and table builds stay out
+    sums: Dict[str, Dict[str, List[float]]] = {name: {} for name in names}
+    walls = {name: 0.0 for name in names}
+    for step in range(steps):
+        shift = step % len(names)
+        for name in names[shift:] + names[:shift]:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                start = time.perf_counter()
+                calls[name]()
+                walls[name] += time.perf_counter() - start
+            for event in prof.key_averages():
+                if event.key.startswith("aten::"):
+                    seconds_calls = sums[name].setdefault(event.key, [0.0, 0.0])
+                    seconds_calls[0] += event.self_cpu_time_total * 1e-6
+                    seconds_calls[1] += event.count
+    return {name: ({op: (t / steps, n / steps) for op, (t, n) in sums[name].items()}, walls[name] / steps)
+            for name in names}
 
 
 def measure(size: str, length: int, steps: int, seed: int = 1) -> Dict[str, Dict[str, Tuple[OperatorTimes, float]]]:
@@ -58,19 +72,26 @@ def measure(size: str, length: int, steps: int, seed: int = 1) -> Dict[str, Dict
     vocab = 37000 if size == "base" else 1000
     data_dir = models.write_dictionary(Path(tempfile.mkdtemp(prefix="profile-")), vocab)
     device = torch.device("cpu")
-    out: Dict[str, Dict[str, Tuple[OperatorTimes, float]]] = {"train": {}, "decode": {}}
+    train: Dict[str, Callable[[], object]] = {}
+    decode: Dict[str, Callable[[], object]] = {}
     for name in ROWS:
         trainer, task = models.build_trainer(models.train_argv(data_dir, rows[name], device, "fp32", 0.1, 2048, seed), seed)
         batch = models.synthetic_batch(task, length, max(1, 2048 // length), seed)
-        with models.quiet():
-            out["train"][name] = profile_calls(lambda: trainer.train_step([batch]), steps)
-            generator = task.build_generator([trainer.model], GenerationConfig(
-                beam=4, lenpen=0.6, min_len=length, max_len_a=0, max_len_b=length))
-            sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
+        generator = task.build_generator([trainer.model], GenerationConfig(
+            beam=4, lenpen=0.6, min_len=length, max_len_a=0, max_len_b=length))
+        sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
+        train[name] = lambda trainer=trainer, batch=batch: trainer.train_step([batch])
+
+        def decode_call(trainer=trainer, task=task, generator=generator, sample=sample):
             trainer.model.eval()
-            out["decode"][name] = profile_calls(lambda: task.inference_step(generator, [trainer.model], sample), steps)
-            trainer.model.train()
-    return out
+            try:
+                return task.inference_step(generator, [trainer.model], sample)
+            finally:
+                trainer.model.train()
+
+        decode[name] = decode_call
+    with models.quiet():
+        return {"train": profile_interleaved(train, steps), "decode": profile_interleaved(decode, steps)}
 
 
 def report(results: Dict[str, Tuple[OperatorTimes, float]], top: int) -> List[str]:
@@ -108,7 +129,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "",
         machine.provenance("scripts/profile_step.py", argv) + " "
         f"`torch.profiler` self CPU time per step and calls per step, mean over {args.steps} steps "
-        "after one unprofiled step (fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
+        "per row after one unprofiled step, the rows taking turns step by step "
+        "(fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
         "per operator to the wall time; compare rows, not these times with the benchmark's.",
         "",
         f"## Training step (Trainer.train_step: forward, backward, Adam; {max(1, 2048 // args.length)} "
