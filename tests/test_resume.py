@@ -34,8 +34,11 @@ LOADED = re.compile(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch (\d+) @ (
 
 
 def train_sh(*args: object, cwd: Path, **kwargs) -> subprocess.Popen:
+    # One thread each: the kill test runs two trainings side by side, and two processes
+    # with two OpenMP threads each on two cores spin against each other (several times slower).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **kwargs.pop("env", {})}
     return subprocess.Popen([str(TRAIN_SH), *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
+                            stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -262,7 +265,7 @@ def test_train_sh_runs_fairseq_train_under_the_launcher(toy_data_bin, tmp_path):
     launcher.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/launched"\nexec "$@"\n')
     launcher.chmod(0o755)
     save = tmp_path / "save"
-    env = {**os.environ, "LAUNCHER": f"{launcher} ", "OMP_NUM_THREADS": "1"}
+    env = {"LAUNCHER": f"{launcher} "}
     finish(train_sh(CONFIG, toy_data_bin, save, "--max-update", "1", "--max-tokens", "1000",
                     "--save-interval-updates", "1", cwd=tmp_path, env=env))
     launched = (tmp_path / "launched").read_text().splitlines()
