@@ -90,10 +90,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
         return module
 
     def _packed_projection(self) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
-        """The packed q/k/v weight and bias, when no gradient is needed and the
-        parameters still live in them; else None (three projections)."""
-        if torch.is_grad_enabled() or self._packed is None \
-                or self._projection_pointers() != self._packed_pointers:
+        """The packed q/k/v weight and bias while the parameters still live in them;
+        else None (three projections). Only for passes without gradients: the
+        packed tensors are not the parameters autograd would update."""
+        if self._packed is None or self._projection_pointers() != self._packed_pointers:
             return None
         return self._packed
 

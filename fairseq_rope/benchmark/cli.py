@@ -43,10 +43,10 @@ class Preset:
 OP_LENGTHS = (32, 64, 128, 256, 512, 1024)
 PRESETS: Dict[str, Preset] = {
     # Transformer-base (512 / 8 heads), the WMT14 recipe's 4096 tokens per batch and 37k vocabulary.
-    "base": Preset("base", 37000, 8, 64, 4096, 4096, 32, OP_LENGTHS, (32, 64, 128, 256),
+    "base": Preset("base", models.VOCAB["base"], 8, 64, 4096, 4096, 32, OP_LENGTHS, (32, 64, 128, 256),
                    (32, 64), reps=10, warmup=2, min_sample_ms=20.0),
     # transformer_tiny: 64 dims / 2 heads.
-    "tiny": Preset("tiny", 1000, 2, 32, 2048, 2048, 16, OP_LENGTHS, (32, 64, 128, 256),
+    "tiny": Preset("tiny", models.VOCAB["tiny"], 2, 32, 2048, 2048, 16, OP_LENGTHS, (32, 64, 128, 256),
                    (16, 32, 64), reps=10, warmup=2, min_sample_ms=20.0),
     # Structure only: every code path once or twice, in seconds; the numbers mean nothing.
     "smoke": Preset("tiny", 64, 2, 32, 256, 128, 2, (32, 64), (8, 16), (8,),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import tempfile
 import logging
 import warnings
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ class Row:
     name: str
     arch: str
     flags: Tuple[str, ...] = ()
+
+
+#: Joint vocabulary per size: the WMT14 recipe's 37k at base, 1k for the tiny archs.
+VOCAB = {"base": 37000, "tiny": 1000}
 
 
 def rows_for(size: str) -> Tuple[Row, ...]:
@@ -193,21 +198,33 @@ def decode_sample(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]
     return utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
 
 
+def diagnostic_trainer(size: str, name: str, seed: int, prefix: str):
+    """(trainer, task) of one row at ``size`` as the diagnostics build it: fp32 on CPU, dropout
+    0.1, 2048 tokens per batch, on a fresh synthetic dictionary of the size's vocabulary."""
+    row = {row.name: row for row in rows_for(size)}[name]
+    data_dir = write_dictionary(Path(tempfile.mkdtemp(prefix=prefix)), VOCAB[size])
+    return build_trainer(train_argv(data_dir, row, torch.device("cpu"), "fp32", 0.1, 2048, seed), seed)
+
+
+def forced_length_generator(task, model, length: int, beam: int = 4, lenpen: float = 0.6):
+    """fairseq's beam search whose every output is exactly ``length`` tokens + EOS."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    return task.build_generator([model], GenerationConfig(beam=beam, lenpen=lenpen, min_len=length,
+                                                          max_len_a=0, max_len_b=length))
+
+
 def bench_decoding(
     trainers: Mapping[str, Any], tasks: Mapping[str, Any], batch: Dict[str, Any],
     length: int, device: torch.device, reps: int, warmup: int, beam: int = 4,
     lenpen: float = 0.6,
 ) -> Dict[str, Dict[str, Any]]:
     """Interleaved beam search of every row on the same sources, output length forced to ``length``."""
-    from fairseq.dataclass.configs import GenerationConfig
-
     sample = decode_sample(batch, device)
-    gen_cfg = GenerationConfig(beam=beam, lenpen=lenpen, min_len=length, max_len_a=0,
-                               max_len_b=length)
     calls = {}
     for name, trainer in trainers.items():
         model = trainer.model
-        generator = tasks[name].build_generator([model], gen_cfg)
+        generator = forced_length_generator(tasks[name], model, length, beam, lenpen)
 
         def decode(task=tasks[name], generator=generator, model=model) -> List:
             model.eval()

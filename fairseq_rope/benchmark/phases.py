@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -84,24 +82,17 @@ def instrument(model: torch.nn.Module, totals: Dict[str, float]) -> None:
 
 def measure(size: str, length: int, reps: int, seed: int = 1) -> Dict[str, Dict[str, float]]:
     """Per row: median total seconds per decode, and mean seconds per decode in each phase."""
-    from fairseq.dataclass.configs import GenerationConfig
-
-    rows = {row.name: row for row in models.rows_for(size)}
-    vocab = 37000 if size == "base" else 1000
-    data_dir = models.write_dictionary(Path(tempfile.mkdtemp(prefix="decode-phases-")), vocab)
     device = torch.device("cpu")
     totals: Dict[str, Dict[str, float]] = {name: defaultdict(float) for name in ROWS}
     calls: Dict[str, Callable[[], object]] = {}
     for name in ROWS:
-        row = rows["rope" if name == CONTROL else name]
-        trainer, task = models.build_trainer(models.train_argv(data_dir, row, device, "fp32", 0.1, 2048, seed), seed)
+        trainer, task = models.diagnostic_trainer(size, "rope" if name == CONTROL else name, seed, "decode-phases-")
         model = trainer.model.eval()
         if name == CONTROL:
             with_stock_self_attention(model)
         instrument(model, totals[name])
         sample = models.decode_sample(models.synthetic_batch(task, length, SENTENCES, seed), device)
-        generator = task.build_generator([model], GenerationConfig(
-            beam=4, lenpen=0.6, min_len=length, max_len_a=0, max_len_b=length))
+        generator = models.forced_length_generator(task, model, length)
 
         def decode(task=task, generator=generator, model=model, sample=sample, phases=totals[name]):
             start = time.perf_counter()

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fairseq_rope.benchmark import machine, models
+from fairseq_rope.benchmark.timing import interleaved
 from fairseq_rope.evaluation.report import markdown_table
 
 ROWS = ("sinusoidal", "rope")
@@ -41,16 +40,13 @@ def profile_interleaved(calls: Dict[str, Callable[[], object]], steps: int) -> D
     """Per candidate: operator self CPU time and calls per step, and wall time per step.
 
     Each step of each candidate is profiled on its own, the candidates taking
-    turns (in an order that rotates), so a slow phase of the machine falls on
-    every row alike rather than on whichever ran last."""
-    names = list(calls)
-    for call in calls.values():
-        call()  # warm: first-call allocations and table builds stay out
-    sums: Dict[str, Dict[str, List[float]]] = {name: {} for name in names}
-    walls = {name: 0.0 for name in names}
-    for step in range(steps):
-        shift = step % len(names)
-        for name in names[shift:] + names[:shift]:
+    turns (:func:`~fairseq_rope.benchmark.timing.interleaved`), so a slow phase
+    of the machine falls on every row alike rather than on whichever ran last."""
+    sums: Dict[str, Dict[str, List[float]]] = {name: {} for name in calls}
+    walls = {name: 0.0 for name in calls}
+
+    def profiled(name: str) -> Callable[[], None]:
+        def call() -> None:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 start = time.perf_counter()
                 calls[name]()
@@ -60,25 +56,24 @@ def profile_interleaved(calls: Dict[str, Callable[[], object]], steps: int) -> D
                     seconds_calls = sums[name].setdefault(event.key, [0.0, 0.0])
                     seconds_calls[0] += event.self_cpu_time_total * 1e-6
                     seconds_calls[1] += event.count
+        return call
+
+    for call in calls.values():
+        call()  # warm, unprofiled: first-call allocations and table builds stay out
+    interleaved({name: profiled(name) for name in calls}, steps, torch.device("cpu"), warmup=0)
     return {name: ({op: (t / steps, n / steps) for op, (t, n) in sums[name].items()}, walls[name] / steps)
-            for name in names}
+            for name in calls}
 
 
 def measure(size: str, length: int, steps: int, seed: int = 1) -> Dict[str, Dict[str, Tuple[OperatorTimes, float]]]:
     """{"train" | "decode": {row: (operator times, wall seconds per step)}}."""
-    from fairseq.dataclass.configs import GenerationConfig
-
-    rows = {row.name: row for row in models.rows_for(size)}
-    vocab = 37000 if size == "base" else 1000
-    data_dir = models.write_dictionary(Path(tempfile.mkdtemp(prefix="profile-")), vocab)
     device = torch.device("cpu")
     train: Dict[str, Callable[[], object]] = {}
     decode: Dict[str, Callable[[], object]] = {}
     for name in ROWS:
-        trainer, task = models.build_trainer(models.train_argv(data_dir, rows[name], device, "fp32", 0.1, 2048, seed), seed)
+        trainer, task = models.diagnostic_trainer(size, name, seed, "profile-")
         batch = models.synthetic_batch(task, length, max(1, 2048 // length), seed)
-        generator = task.build_generator([trainer.model], GenerationConfig(
-            beam=4, lenpen=0.6, min_len=length, max_len_a=0, max_len_b=length))
+        generator = models.forced_length_generator(task, trainer.model, length)
         sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
         train[name] = lambda trainer=trainer, batch=batch: trainer.train_step([batch])
 
