@@ -32,10 +32,10 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import command_line, report_error
+from fairseq_rope.base import PathLike, command_line, report_error
 from fairseq_rope.evaluation.report import markdown_table
 from fairseq_rope.evaluation.decoding import TABLE_DECODING, generate
 from fairseq_rope.evaluation.scoring import (
@@ -48,6 +48,7 @@ from fairseq_rope.evaluation.scoring import (
     subword_lengths,
     tokenized_bleu,
 )
+from fairseq_rope.experiments.table import ROWS, SCALES
 
 BASELINE = TABLE_DECODING
 VARIANTS = {
@@ -106,10 +107,10 @@ def read_positional_scores(path: Path) -> Dict[int, Scored]:
     return scored
 
 
-def longest_training_target_words(data_dir: Path, tgt: str) -> int:
-    """Longest training target in Moses words (the binarized training text with BPE removed)."""
+def longest_training_words(data_dir: Path, lang: str) -> int:
+    """Longest training sentence of ``lang`` in Moses words (the binarized training text with BPE removed)."""
     bpe = data_dir / "bpe"
-    path = bpe / f"train.clean.{tgt}" if (bpe / f"train.clean.{tgt}").is_file() else bpe / f"train.{tgt}"
+    path = bpe / f"train.clean.{lang}" if (bpe / f"train.clean.{lang}").is_file() else bpe / f"train.{lang}"
     with open(path, encoding="utf-8") as f:
         return max(len(line.replace("@@ ", "").split()) for line in f)
 
@@ -129,7 +130,7 @@ def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> 
     checkpoint = Path(results["checkpoint"])
     src, tgt = check_test_set(data_bin, "test")
     sources = subword_lengths(data_bin, "test", src, tgt, src)
-    longest = longest_training_target_words(data_bin.parent, tgt)
+    longest = longest_training_words(data_bin.parent, tgt)
     baseline = read_generate_output(eval_dir / "generate-test.txt")
     hyp_scores = read_positional_scores(eval_dir / "generate-test.txt")
     summary = decode_summary(baseline, length_limits(sources, BASELINE["max_len_a"], BASELINE["max_len_b"]))
@@ -146,9 +147,10 @@ def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> 
                 read_generate_output(out), length_limits(sources, settings["max_len_a"], settings["max_len_b"]))}
 
     cases, preferred = analyse(baseline, summary["ids"], hyp_scores, ref_scores, BASELINE["lenpen"])
-    return {"run_dir": str(run_dir), "bleu_tokenized": summary["bleu_tokenized"],
+    return {**identify(run_dir), "bleu_tokenized": summary["bleu_tokenized"],
             "longer_than_ratio": summary["longer_than_ratio"], "at_length_limit": summary["at_length_limit"],
-            "longest_training_target_words": longest, "cases": cases,
+            "longest_training_target_words": longest,
+            "longest_training_source_words": longest_training_words(data_bin.parent, src), "cases": cases,
             "references_preferred_overall": preferred, "sentences": len(baseline),
             "variants": decoded}
 
@@ -166,7 +168,8 @@ def analyse(translations: Sequence[Translation], runaway_ids: Sequence[int], hyp
         hyp_obj = beam_objective(hyp_scores[sid].log_probs, lenpen)
         ref_obj = beam_objective(ref_scores[sid].log_probs, lenpen)
         cases.append({
-            "id": sid, "hypothesis_words": len(words), "reference_words": len((t.reference or "").split()),
+            "id": sid, "source_words": len((t.source or "").replace("@@ ", "").split()),
+            "hypothesis_words": len(words), "reference_words": len((t.reference or "").split()),
             "hypothesis_subwords": t.subwords, "loop_start_word": None if loop is None else loop[0],
             "loop_period": None if loop is None else loop[1],
             "hypothesis_objective": hyp_obj, "reference_objective": ref_obj,
@@ -177,56 +180,153 @@ def analyse(translations: Sequence[Translation], runaway_ids: Sequence[int], hyp
     return cases, preferred
 
 
-def render(studies: Sequence[Dict[str, Any]], command: str) -> str:
-    out = [
+def identify(run_dir: PathLike) -> Dict[str, Any]:
+    """The run as the tables name it: scale, row and seed from the harness's layout
+    ``WORK_DIR/SCALE/ROW/seedN``, or only its path for a run made elsewhere."""
+    path = Path(run_dir)
+    scale, row, seed = path.parent.parent.name, path.parent.name, path.name
+    if seed.startswith("seed") and seed[4:].isdigit() and row in ROWS and scale in SCALES:
+        return {"run_dir": str(path), "run": f"{scale} {row} seed {int(seed[4:])}",
+                "scale": scale, "row": row, "seed": int(seed[4:])}
+    return {"run_dir": str(path), "run": str(path)}
+
+
+def merge(kept: Sequence[Dict[str, Any]], new: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Earlier studies with this invocation's added (a run studied again replaces its old study),
+    in table order: scale, row as in the table, seed."""
+    by_run = {s["run"]: s for s in kept}
+    by_run.update({s["run"]: s for s in new})
+    order = list(ROWS)
+    return sorted(by_run.values(), key=lambda s: (
+        s.get("scale", ""), order.index(s["row"]) if s.get("row") in ROWS else len(order),
+        s.get("seed", 0), s["run"]))
+
+
+def load_studies(path: Path) -> List[Dict[str, Any]]:
+    """The studies of an earlier report (``NAME.json``), each with the command that made it.
+
+    Reports written before studies named their run and command get both here
+    (their top-level command; the run from its directory's layout).
+    """
+    if not path.is_file():
+        return []
+    report = json.loads(path.read_text(encoding="utf-8"))
+    return [{**identify(study["run_dir"]), "command": report.get("command"), **study}
+            for study in report["runs"]]
+
+
+def _count(cases: Sequence[Dict[str, Any]], test: Callable[[Dict[str, Any]], bool]) -> str:
+    return str(sum(map(test, cases)))
+
+
+def _longer_than(key: str, limit_key: str) -> Callable[[Dict[str, Any], Dict[str, Any]], Optional[bool]]:
+    """Whether a case's ``key`` exceeds its run's ``limit_key``: None where either was not
+    recorded (studies made before it was), False where the case has none (no loop)."""
+    def test(study: Dict[str, Any], case: Dict[str, Any]) -> Optional[bool]:
+        if key not in case or study.get(limit_key) is None:
+            return None
+        return case[key] is not None and case[key] > study[limit_key]
+    return test
+
+
+BEYOND_TRAINING = {
+    "source longer than any training source": _longer_than("source_words", "longest_training_source_words"),
+    "loop starts beyond the longest training target": _longer_than(
+        "loop_start_word", "longest_training_target_words"),
+    "hypothesis longer than any training target": _longer_than(
+        "hypothesis_words", "longest_training_target_words"),
+}
+
+
+def row_summary(studies: Sequence[Dict[str, Any]]) -> List[List[str]]:
+    """Per row, over its studied runs: runaways, how many loop, model and search errors, and how
+    many lie beyond the training lengths ("—" where a study predates that measurement)."""
+    table = []
+    for row in dict.fromkeys(s.get("row", s["run"]) for s in studies):
+        runs = [s for s in studies if s.get("row", s["run"]) == row]
+        cases = [(s, c) for s in runs for c in s["cases"]]
+        beyond = []
+        for test in BEYOND_TRAINING.values():
+            verdicts = [test(s, c) for s, c in cases]
+            beyond.append("—" if None in verdicts else str(sum(verdicts)))
+        table.append([row, str(len(runs)), str(sum(s["longer_than_ratio"] for s in runs)),
+                      str(sum(s["at_length_limit"] or 0 for s in runs)),
+                      _count([c for _, c in cases], lambda c: c["loop_start_word"] is not None),
+                      _count([c for _, c in cases], lambda c: c["error"] == "model"),
+                      _count([c for _, c in cases], lambda c: c["error"] == "search"), *beyond,
+                      f"{sum(s['references_preferred_overall'] for s in runs)}/{sum(s['sentences'] for s in runs)}"])
+    return table
+
+
+def render(studies: Sequence[Dict[str, Any]], out: Path) -> str:
+    """The report: per row, per run, per runaway; and the commands that studied the runs."""
+    text = [
         "# Runaway hypotheses",
         "",
-        f"Written by `{command}` on {datetime.date.today().isoformat()} "
-        "(fairseq_rope/experiments/runaways.py explains each measurement).",
+        f"Written by `scripts/runaway_study.py RUN_DIR... --out {out}` on "
+        f"{datetime.date.today().isoformat()} from the studies in `{out.name}.json`: each invocation "
+        "adds the runs it is given (or replaces their earlier study) and keeps the others, whose run "
+        "directories may be gone (commands at the end). `fairseq_rope/experiments/runaways.py` explains "
+        "each measurement.",
         "",
-        "## Counts and decoding variants",
+        "## Per row",
         "",
-        "Per run: test hypotheses longer than 1.5× their reference / stopped by the length limit, and "
-        "tokenized BLEU, with the tables' decoding (beam 4, lenpen 0.6, max-len-b 200) and variants of it.",
+        "Over the studied runs of each row: runaways (hypotheses longer than 1.5× their reference), how "
+        "many stopped at the length limit, how many contain a loop, model or search errors under forced "
+        "decoding, how many lie beyond the training lengths (Moses words; per run, its own training "
+        "data), and how often, over all test sentences, the reference outscores the beam's hypothesis.",
         "",
     ]
+    text += markdown_table(["row", "runs", "runaways", "at length limit", "with a loop", "model errors",
+                            "search errors", *BEYOND_TRAINING, "reference preferred (all sentences)"],
+                           row_summary(studies))
+    text += ["", "## Counts and decoding variants", "",
+             "Per run: test hypotheses longer than 1.5× their reference / stopped by the length limit, and "
+             "tokenized BLEU, with the tables' decoding (beam 4, lenpen 0.6, max-len-b 200) and variants of it.",
+             ""]
     names = list(studies[0]["variants"]) if studies else []
-    header = ["run", "longest training target (words)", "beam 4, lenpen 0.6 (tables)"] + names
-    rows = [[f"`{s['run_dir']}`", str(s["longest_training_target_words"]),
+    header = ["run", "longest training source / target (words)", "beam 4, lenpen 0.6 (tables)"] + names
+    rows = [[s["run"], f"{s.get('longest_training_source_words', '—')} / {s['longest_training_target_words']}",
              f"{s['longer_than_ratio']}/{s['at_length_limit']}, BLEU {s['bleu_tokenized']:.2f}"]
             + [f"{v['longer_than_ratio']}/{v['at_length_limit']}, BLEU {v['bleu_tokenized']:.2f}"
                for v in s["variants"].values()] for s in studies]
-    out += markdown_table(header, rows) + ["", "## Each runaway", "",
+    text += markdown_table(header, rows) + ["", "## Each runaway", "",
             "Loop start: first word of the first unit (≤ 8 words) repeated 3 times in a row (period in words). "
             "Objective: fairseq's beam score Σ log₂ p / length^0.6 of the runaway and of the reference "
             "under forced decoding; `search` = the reference scores higher, so beam search missed it; "
-            "`model` = the model prefers the loop.", ""]
-    rows = [[f"`{s['run_dir']}`", str(c["id"]), str(c["reference_words"]), str(c["hypothesis_words"]),
+            "`model` = the model prefers the loop. Source words: Moses tokens of the source (— in studies "
+            "made before they were recorded).", ""]
+    rows = [[s["run"], str(c["id"]), str(c.get("source_words", "—")), str(c["reference_words"]),
+             str(c["hypothesis_words"]),
              "—" if c["loop_start_word"] is None else f"{c['loop_start_word']} (period {c['loop_period']})",
              str(s["longest_training_target_words"]), f"{c['hypothesis_objective']:.3f}",
              f"{c['reference_objective']:.3f}", c["error"]]
             for s in studies for c in s["cases"]]
-    out += markdown_table(["run", "id", "reference words", "hypothesis words", "loop starts at word",
-                           "longest training target", "objective: hypothesis", "objective: reference",
-                           "error"], rows) if rows else ["No runaways."]
-    out += ["", "Sentences whose reference scores higher than the beam's hypothesis (all test sentences): "
-            + "; ".join(f"`{s['run_dir']}` {s['references_preferred_overall']}/{s['sentences']}"
-                        for s in studies), ""]
-    return "\n".join(out)
+    text += markdown_table(["run", "id", "source words", "reference words", "hypothesis words",
+                            "loop starts at word", "longest training target", "objective: hypothesis",
+                            "objective: reference", "error"], rows) if rows else ["No runaways."]
+    text += ["", "## Commands", ""]
+    for command in dict.fromkeys(s["command"] for s in studies):
+        runs = [s for s in studies if s["command"] == command]
+        text += [f"- `{command}`: " + ", ".join(f"{s['run']} (`{s['run_dir']}`)" for s in runs)]
+    return "\n".join(text + [""])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/runaway_study.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="evaluated run directories (SAVE_DIR)")
-    parser.add_argument("--out", type=Path, required=True, help="output path without suffix (.json, .md)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output path without suffix (.json, .md); the runs of an existing NAME.json "
+                             "that are not given again are kept")
     args = parser.parse_args(argv)
     command = command_line("scripts/runaway_study.py", argv)
+    report = args.out.with_suffix(".json")
     try:
-        studies = [study_run(run) for run in args.runs]
+        studies = merge(load_studies(report), [{**study_run(run), "command": command} for run in args.runs])
     except (ScoringError, OSError, KeyError) as e:
         return report_error(e)
-    base.write_json(args.out.with_suffix(".json"), {"command": command, "runs": studies})
-    text = render(studies, command)
+    base.write_json(report, {"runs": studies})
+    text = render(studies, args.out)
     base.write_text(args.out.with_suffix(".md"), text)
     print(text)
     return 0

@@ -47,7 +47,8 @@ def test_study_of_an_evaluated_run(trained_rope_checkpoint, toy_data_bin, toy_co
     data = tmp_path / "data"
     (data / "bpe").mkdir(parents=True)
     (data / "data-bin").symlink_to(toy_data_bin)
-    shutil.copy(toy_corpus / "train.de", data / "bpe" / "train.de")
+    for lang in ("en", "de"):
+        shutil.copy(toy_corpus / f"train.{lang}", data / "bpe" / f"train.{lang}")
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
     (run / "eval" / "results.json").write_text(json.dumps(
@@ -56,6 +57,9 @@ def test_study_of_an_evaluated_run(trained_rope_checkpoint, toy_data_bin, toy_co
 
     study = runaways.study_run(run)
     assert study["sentences"] == 40 and study["longest_training_target_words"] == 7
+    assert study["longest_training_source_words"] == max(len(line.split()) for line in
+                                                         (toy_corpus / "train.en").read_text().splitlines())
+    assert study["run"] == str(run)  # not in the harness's layout: named by its path
     assert set(study["variants"]) == {"max-len 1.2x+10", "lenpen 0.2", "lenpen 1.0"}
     for variant in study["variants"].values():
         assert 0 <= variant["bleu_tokenized"] <= 100 and variant["at_length_limit"] is not None
@@ -69,3 +73,60 @@ def test_study_of_an_evaluated_run(trained_rope_checkpoint, toy_data_bin, toy_co
     assert runaways.main([str(run), "--out", str(out)]) == 0
     assert "# Runaway hypotheses" in out.with_suffix(".md").read_text()
     assert json.loads(out.with_suffix(".json").read_text())["runs"][0]["sentences"] == 40
+    assert all(c["source_words"] >= 1 for c in study["cases"])
+
+
+def _study(run_dir, count=1, **extra):
+    case = {"id": 3, "source_words": 30, "reference_words": 10, "hypothesis_words": 50,
+            "loop_start_word": 28, "loop_period": 2, "hypothesis_objective": -1.0,
+            "reference_objective": -2.0, "error": "model"}
+    return {**runaways.identify(run_dir), "bleu_tokenized": 30.0, "longer_than_ratio": count,
+            "at_length_limit": 0, "longest_training_target_words": 25, "longest_training_source_words": 12,
+            "cases": [case] * count, "references_preferred_overall": 2, "sentences": 100,
+            "variants": {}, "command": "scripts/runaway_study.py ...", **extra}
+
+
+def test_runs_are_named_as_the_table_names_them(tmp_path):
+    assert runaways.identify(tmp_path / "work" / "multi30k-length" / "rope" / "seed2") == {
+        "run_dir": str(tmp_path / "work" / "multi30k-length" / "rope" / "seed2"),
+        "run": "multi30k-length rope seed 2", "scale": "multi30k-length", "row": "rope", "seed": 2}
+    elsewhere = tmp_path / "checkpoints" / "mine"
+    assert runaways.identify(elsewhere) == {"run_dir": str(elsewhere), "run": str(elsewhere)}
+
+
+def test_a_report_accumulates_runs_across_invocations(tmp_path):
+    """Runs studied earlier are kept (their checkpoints may be gone); a run studied again is replaced."""
+    old = tmp_path / "old" / "multi30k"
+    report = tmp_path / "runaways.json"
+    # The format written before studies named their runs: one top-level command, no "run".
+    legacy = [{k: v for k, v in _study(old / name / "seed1").items() if k not in ("run", "scale", "row", "seed",
+                                                                                   "command")}
+              for name in ("rope", "sinusoidal")]
+    report.write_text(json.dumps({"command": "scripts/runaway_study.py OLD", "runs": legacy}))
+    kept = runaways.load_studies(report)
+    assert [(s["run"], s["command"]) for s in kept] == [
+        ("multi30k rope seed 1", "scripts/runaway_study.py OLD"),
+        ("multi30k sinusoidal seed 1", "scripts/runaway_study.py OLD")]
+
+    new = [_study(tmp_path / "new" / "multi30k" / "rope" / "seed1", count=3, command="NEW"),
+           _study(tmp_path / "new" / "multi30k" / "learned" / "seed2", command="NEW")]
+    merged = runaways.merge(kept, new)
+    assert [(s["run"], s["command"]) for s in merged] == [  # table order: sinusoidal, learned, rpe, rope
+        ("multi30k sinusoidal seed 1", "scripts/runaway_study.py OLD"),
+        ("multi30k learned seed 2", "NEW"), ("multi30k rope seed 1", "NEW")]
+    assert merged[-1]["longer_than_ratio"] == 3
+
+
+def test_row_summary_counts_what_lies_beyond_the_training_lengths(tmp_path):
+    work = tmp_path / "multi30k-length"
+    studies = [_study(work / "rope" / "seed1", count=2), _study(work / "rope" / "seed2", count=1)]
+    studies[1]["cases"] = [{**studies[1]["cases"][0], "source_words": 12, "loop_start_word": None,
+                            "loop_period": None, "hypothesis_words": 20, "error": "search"}]
+    assert runaways.row_summary(studies) == [
+        # row, runs, runaways, at limit, with a loop, model, search, source / loop / hypothesis beyond, preferred
+        ["rope", "2", "3", "0", "2", "2", "1", "2", "2", "2", "4/200"]]
+    # A study made before source lengths were recorded cannot say: "—", not 0.
+    del studies[0]["cases"][0]["source_words"]
+    assert runaways.row_summary(studies)[0][7] == "—"
+    text = runaways.render(studies, tmp_path / "runaways")
+    assert "| rope | 2 | 3 |" in text and "multi30k-length rope seed 2" in text
