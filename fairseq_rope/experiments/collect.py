@@ -7,8 +7,9 @@ file atomically, into ``docs/results/``:
 * ``<scale>.md``: one line per row (mean ± sample std over seeds, and every
   seed's value) of BLEU in both conventions, parameters, training tokens/s and
   wall time, beside the paper's numbers; rows without a finished run say
-  "not run". Then a line per run, the length-extrapolation table (``demo-length``)
-  and the commands that produced the runs;
+  "not run". Then a line per run, the length-extrapolation table (``demo-length``;
+  ``multi30k-length`` also against the same rows trained on all lengths) and the
+  commands that produced the runs;
 * ``<scale>_valid_loss.png``: validation loss against updates, every run;
 * ``<scale>_bleu.png``: BLEU per row, error bars over seeds;
 * ``<scale>_bleu_by_length.png`` (``demo-length``): BLEU per source-length bucket.
@@ -37,7 +38,9 @@ from fairseq_rope.experiments.table import (
     Scale,
     config_name,
     finished_runs,
+    full_length_scale,
     record_hypotheses,
+    recorded_runs,
     scale_dir,
 )
 
@@ -54,8 +57,9 @@ BLEU_NOTE = (
     "Each cell: mean ± sample standard deviation over seeds, then every seed's value in seed "
     "order in brackets (one value when there is one seed, or all seeds agree). Parameters: "
     "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
-    "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second). Wall time: "
-    "sum of fairseq-train's 'done training in' over the run's invocations."
+    "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second); each run's "
+    "CPU threads are under Runs. Wall time: sum of fairseq-train's 'done training in' over the "
+    "run's invocations."
 )
 
 
@@ -245,10 +249,12 @@ def _paired_texts(pairs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], refere
 
 def runs_table(runs: Runs) -> List[str]:
     """One line per run: its seed, BLEU and anything that made it differ from the config."""
-    header = ["row", "seed", "BLEU (tok.)", "sacreBLEU", "updates", "extra fairseq-train args", "run directory"]
+    header = ["row", "seed", "BLEU (tok.)", "sacreBLEU", "updates", "training threads",
+              "extra fairseq-train args", "run directory"]
     lines = [
         [name, str(r["seed"]), _optional(r.get("bleu_tokenized")), _optional(r.get("sacrebleu")),
-         str(r.get("num_updates")), " ".join(r.get("extra_train_args") or []) or "none",
+         str(r.get("num_updates")), str(r.get("train_threads") or "not recorded"),
+         " ".join(r.get("extra_train_args") or []) or "none",
          f"`{_shown_path(r['run_dir'])}`"]
         for name, rs in runs.items() for r in rs
     ]
@@ -307,6 +313,40 @@ def length_table(scale: Scale, runs: Runs) -> List[str]:
     return intro + markdown_table(header, lines) + ([""] + note if note else [])
 
 
+def length_against_full_data(scale: Scale, runs: Runs, full: Scale, full_runs: Runs) -> List[str]:
+    """Per row and bucket, this length study's BLEU minus that of the same row trained on all lengths.
+
+    Long sentences are harder whatever the training lengths, so a length study's
+    BLEU by bucket mixes length extrapolation with difficulty; the same models
+    trained on the full corpus and scored on the same test set and buckets take
+    the difficulty out.
+    """
+    intro = [f"BLEU of this study's models minus BLEU of the same row trained on all lengths "
+             f"([{full.name}.md]({full.name}.md)), per bucket, means over each one's seeds: the "
+             "buckets without † show what training on the shorter pairs only costs within the "
+             "training lengths; how the difference grows past them is what each row loses to "
+             "length alone.", ""]
+    buckets = length_buckets(runs)
+    if not buckets:
+        return intro + ["No finished runs with BLEU by length."]
+    header = ["row"] + [f"{b['bucket']}{' †' if b['low'] >= scale.max_train_len else ''}" for b in buckets]
+    lines = []
+    for name in ROWS:
+        study, reference = [bucket_bleus(r) for r in runs[name]], [bucket_bleus(r) for r in full_runs[name]]
+        if not study or not reference:
+            lines.append([name] + [NOT_RUN if not study else f"{full.name} {NOT_RUN}"] * len(buckets))
+            continue
+        lines.append([name] + [_difference([p.get(b["bucket"]) for p in study],
+                                           [p.get(b["bucket"]) for p in reference]) for b in buckets])
+    return intro + markdown_table(header, lines)
+
+
+def _difference(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> str:
+    if None in values or None in reference:
+        return MISSING
+    return f"{statistics.mean(values) - statistics.mean(reference):+.2f}"
+
+
 def _longest_training_pairs(runs: Runs) -> str:
     for rs in runs.values():
         for r in rs:
@@ -339,6 +379,7 @@ def _shown_path(path: Any) -> str:
 
 def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path],
                     records: Path) -> str:
+    """The table of a scale from its runs (``records``: ``RESULTS/runs/<scale>``)."""
     n = sum(len(rs) for rs in runs.values())
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
     out = [
@@ -365,6 +406,10 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         title = "Length extrapolation" if scale.is_length_study else "BLEU by source length"
         out += [f"## {title}", ""] + length_table(scale, runs)
         out += ["", f"![BLEU by length]({plots['bleu_by_length'].name})", ""]
+        full = full_length_scale(scale)
+        if full is not None:
+            out += ["## Against the same rows trained on all lengths", ""]
+            out += length_against_full_data(scale, runs, full, recorded_runs(records.parent, full)) + [""]
     out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(runs)
     return "\n".join(out) + "\n"
 

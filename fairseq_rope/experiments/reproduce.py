@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
+import torch
+
 from fairseq_rope import base
 from fairseq_rope.experiments import collect
 from fairseq_rope.evaluation.averaging import tied_aliases
@@ -249,9 +251,12 @@ def longest_training_pair(data_bin: Path) -> Dict[str, int]:
 def summarize_run(
     row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
     extra: Sequence[str] = (), timer_seconds: Optional[float] = None,
-    length: Optional[Dict[str, Any]] = None,
+    length: Optional[Dict[str, Any]] = None, train_threads: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint."""
+    """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint.
+
+    ``train_threads``: the CPU threads fairseq-train ran with (its speed depends on them).
+    """
     results = _read_json(save_dir / "eval" / "results.json")
     log = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
     command = train_command(save_dir)
@@ -267,6 +272,7 @@ def summarize_run(
         "parameters": count_parameters(model_state),
         "train_tokens_per_second": statistics.fmean(log.words_per_second) if log.words_per_second else None,
         **_wall_time(log, timer_seconds),
+        "train_threads": train_threads,
         "num_updates": log.num_updates,
         "bleu_tokenized": results["bleu_tokenized"],
         "sacrebleu": results.get("sacrebleu"),
@@ -348,7 +354,12 @@ def reproduce_row(
         evaluate(save_dir, data_bin)
     length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
     command = reproduce_command(row, scale, seed, extra, work_dir)
-    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length)
+    # fairseq-train inherits this process's OMP_NUM_THREADS, so torch's count here is its count;
+    # a rerun that did not train keeps what the training invocation recorded, if anything.
+    previous = summary_path(save_dir)
+    threads = (torch.get_num_threads() if seconds is not None
+               else _read_json(previous).get("train_threads") if previous.is_file() else None)
+    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, threads)
 
 
 # --- Command line

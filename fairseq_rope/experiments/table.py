@@ -132,6 +132,15 @@ SCALES: Dict[str, Scale] = {scale.name: scale for scale in (
 )}
 
 
+def full_length_scale(scale: Scale) -> Optional[Scale]:
+    """The scale whose models a real-data length study trains on short pairs only: same
+    corpus, model and test set, all training lengths (None for any other scale)."""
+    if scale.max_train_words is None:
+        return None
+    return next((s for s in SCALES.values() if s.data == scale.data and s.size == scale.size
+                 and not s.is_length_study), None)
+
+
 def get_row(name: str) -> Row:
     if name not in ROWS:
         raise TableError(f"unknown row {name!r}; valid rows: {', '.join(ROWS)}")
@@ -185,11 +194,18 @@ def finished_runs(work_dir: PathLike, scale: Scale,
         if records_dir is not None:
             for run, _ in found:
                 save_record(run, Path(records_dir) / scale.name / name / run.name)
-            found = [(path.parent, _read_run(path, name, scale))
-                     for path in (Path(records_dir) / scale.name / name).glob(f"seed*/{RUN_SUMMARY}")]
         runs[name] = sorted(({**summary, "run_dir": str(run)} for run, summary in found),
                             key=lambda s: s["seed"])
-    return runs
+    return runs if records_dir is None else recorded_runs(records_dir, scale)
+
+
+def recorded_runs(records_dir: PathLike, scale: Scale) -> Dict[str, List[Dict[str, Any]]]:
+    """Every row's runs recorded in ``records_dir/<scale>/`` (see :func:`finished_runs`), in seed
+    order; each run's ``run_dir`` is its record."""
+    return {name: sorted(({**_read_run(path, name, scale), "run_dir": str(path.parent)}
+                          for path in (Path(records_dir) / scale.name / name).glob(f"seed*/{RUN_SUMMARY}")),
+                         key=lambda s: s["seed"])
+            for name in ROWS}
 
 
 def save_record(run: Path, record: Path) -> None:

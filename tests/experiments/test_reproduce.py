@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -165,6 +166,24 @@ def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
     assert save_dir == tmp_path / "wmt14" / "learned" / "seed7"
 
 
+def test_the_training_threads_are_recorded_by_the_invocation_that_trained(tmp_path, monkeypatch):
+    """Tokens/s depend on the threads: recorded when training ran, kept by a rerun that only re-reports."""
+    trained = []
+    monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "bin")
+    monkeypatch.setattr(reproduce, "train", lambda *a: trained.pop() if trained else None)
+    monkeypatch.setattr(reproduce, "evaluate", lambda *a: None)
+    monkeypatch.setattr(reproduce, "summarize_run", lambda *a: {"train_threads": a[-1]})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    trained.append(60.0)
+    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)["train_threads"] == 3
+    save = run_dir(tmp_path, SCALES["demo"], ROWS["rope"], 1)
+    (save / "eval").mkdir(parents=True)
+    (save / "eval" / "results.json").write_text("{}")
+    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)["train_threads"] is None
+    summary_path(save).write_text(json.dumps({"train_threads": 2}))
+    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)["train_threads"] == 2
+
+
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
     """fairseq-train resuming a finished run would take one more update: skip it."""
     ran = []
@@ -280,6 +299,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
     assert summary["bleu_tokenized"] == 12.5 and summary["sacrebleu"] == 11.0
+    assert summary["train_threads"] is None  # not given: not guessed
     assert shlex.split(summary["reproduce_command"]) == [
         "scripts/reproduce_table.sh", "sinusoidal", "--scale", "demo", "--seed", "3",
         "--", "--max-update", "150"]
@@ -329,6 +349,7 @@ def test_collect_on_fake_runs(tmp_path):
     assert "fairseq-train DATA --arch arch_learned --seed 1 --max-update 60" in md
     assert "scripts/reproduce_table.sh learned --scale demo --seed 1 -- --max-update 60" in md
     assert "![validation loss](demo_valid_loss.png)" in md
+    assert "| training threads |" in md and "| not recorded |" in md  # runs made before it was
     assert "[demo-length.md](demo-length.md)" in md  # the length study of the same models
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
 
@@ -446,8 +467,6 @@ def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
     first = (record / "hyps.detok.de.gz").read_bytes()
     collect.collect(SCALES["multi30k"], work, out)
     assert (record / "hyps.detok.de.gz").read_bytes() == first  # same run, same bytes: nothing for git
-    import shutil
-
     shutil.rmtree(work)
     collect.collect(SCALES["multi30k"], work, out)
     again = (out / "multi30k.md").read_text()
@@ -478,3 +497,22 @@ def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
     assert "## Length extrapolation" in md and "at most 12 source words" in md
     assert "| 9-12 (n=150) |" in md and "| 13-16 † (n=150) |" in md
     assert_png(out / "multi30k-length_bleu_by_length.png")
+
+
+def test_multi30k_length_against_the_same_rows_trained_on_all_lengths(tmp_path):
+    """Difficulty by length is taken out by the models trained on the full corpus (from their records)."""
+    work, out = tmp_path / "work", tmp_path / "results"
+    labels = ["1-8", "9-12", "13-16", "17-20"]
+    for seed, full in ((1, [42, 36, 30, 28]), (2, [44, 38, 32, 30])):
+        write_run(work, "multi30k", "rope", seed, bleu=35.0, length=dict(zip(labels, full)))
+    collect.collect(SCALES["multi30k"], work, out)
+    shutil.rmtree(work / "multi30k")  # recorded: the full-data runs' directories may be gone
+    write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [41, 35, 20, 10])))
+    write_run(work, "multi30k-length", "sinusoidal", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
+    collect.collect(SCALES["multi30k-length"], work, out)
+    section = (out / "multi30k-length.md").read_text().split("## Against the same rows trained on all lengths")[1]
+    assert "[multi30k.md](multi30k.md)" in section and "| 13-16 † |" in section
+    # rope: 41 - mean(42, 44), 35 - 37, 20 - 31, 10 - 29
+    assert table_line(section, "rope") == "| rope | -2.00 | -2.00 | -11.00 | -19.00 |"
+    assert "multi30k not run" in table_line(section, "sinusoidal")
+    assert "| learned | not run |" in table_line(section, "learned") + "|"
