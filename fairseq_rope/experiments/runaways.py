@@ -21,6 +21,11 @@ averaged checkpoint). For each run:
    with length penalties 0.2 and 1.0, counting runaways and BLEU each time.
 
 Every row keeps one recipe: the variants are measurements, not a fix.
+
+A report accumulates: the studies already in ``NAME.json`` are kept and a run
+studied again replaces its study, since checkpoints rarely outlive the session
+that trained them. Runs are named as the tables name them (scale, row, seed),
+and the report opens with a summary per row.
 """
 
 from __future__ import annotations
@@ -239,17 +244,20 @@ BEYOND_TRAINING = {
 
 
 def row_summary(studies: Sequence[Dict[str, Any]]) -> List[List[str]]:
-    """Per row, over its studied runs: runaways, how many loop, model and search errors, and how
-    many lie beyond the training lengths ("—" where a study predates that measurement)."""
+    """Per scale and row, over its studied runs: runaways, how many loop, model and search errors,
+    and how many lie beyond the training lengths ("—" where a study predates that measurement)."""
+    def group(study: Dict[str, Any]) -> Tuple[str, str]:
+        return study.get("scale", "—"), study.get("row", study["run"])
+
     table = []
-    for row in dict.fromkeys(s.get("row", s["run"]) for s in studies):
-        runs = [s for s in studies if s.get("row", s["run"]) == row]
+    for scale, row in dict.fromkeys(map(group, studies)):
+        runs = [s for s in studies if group(s) == (scale, row)]
         cases = [(s, c) for s in runs for c in s["cases"]]
         beyond = []
         for test in BEYOND_TRAINING.values():
             verdicts = [test(s, c) for s, c in cases]
             beyond.append("—" if None in verdicts else str(sum(verdicts)))
-        table.append([row, str(len(runs)), str(sum(s["longer_than_ratio"] for s in runs)),
+        table.append([scale, row, str(len(runs)), str(sum(s["longer_than_ratio"] for s in runs)),
                       str(sum(s["at_length_limit"] or 0 for s in runs)),
                       _count([c for _, c in cases], lambda c: c["loop_start_word"] is not None),
                       _count([c for _, c in cases], lambda c: c["error"] == "model"),
@@ -271,13 +279,13 @@ def render(studies: Sequence[Dict[str, Any]], out: Path) -> str:
         "",
         "## Per row",
         "",
-        "Over the studied runs of each row: runaways (hypotheses longer than 1.5× their reference), how "
+        "Over the studied runs of each scale and row: runaways (hypotheses longer than 1.5× their reference), how "
         "many stopped at the length limit, how many contain a loop, model or search errors under forced "
         "decoding, how many lie beyond the training lengths (Moses words; per run, its own training "
         "data), and how often, over all test sentences, the reference outscores the beam's hypothesis.",
         "",
     ]
-    text += markdown_table(["row", "runs", "runaways", "at length limit", "with a loop", "model errors",
+    text += markdown_table(["scale", "row", "runs", "runaways", "at length limit", "with a loop", "model errors",
                             "search errors", *BEYOND_TRAINING, "reference preferred (all sentences)"],
                            row_summary(studies))
     text += ["", "## Counts and decoding variants", "",
@@ -314,13 +322,16 @@ def render(studies: Sequence[Dict[str, Any]], out: Path) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/runaway_study.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="evaluated run directories (SAVE_DIR)")
+    parser.add_argument("runs", nargs="*", type=Path,
+                        help="evaluated run directories (SAVE_DIR); none: only rewrite NAME.md from NAME.json")
     parser.add_argument("--out", type=Path, required=True,
                         help="output path without suffix (.json, .md); the runs of an existing NAME.json "
                              "that are not given again are kept")
     args = parser.parse_args(argv)
     command = command_line("scripts/runaway_study.py", argv)
     report = args.out.with_suffix(".json")
+    if not args.runs and not report.is_file():
+        parser.error(f"no run directories given and no earlier report {report} to rewrite")
     try:
         studies = merge(load_studies(report), [{**study_run(run), "command": command} for run in args.runs])
     except (ScoringError, OSError, KeyError) as e:

@@ -123,10 +123,27 @@ def test_row_summary_counts_what_lies_beyond_the_training_lengths(tmp_path):
     studies[1]["cases"] = [{**studies[1]["cases"][0], "source_words": 12, "loop_start_word": None,
                             "loop_period": None, "hypothesis_words": 20, "error": "search"}]
     assert runaways.row_summary(studies) == [
-        # row, runs, runaways, at limit, with a loop, model, search, source / loop / hypothesis beyond, preferred
-        ["rope", "2", "3", "0", "2", "2", "1", "2", "2", "2", "4/200"]]
+        # scale, row, runs, runaways, at limit, with a loop, model, search,
+        # source / loop / hypothesis beyond the training lengths, reference preferred
+        ["multi30k-length", "rope", "2", "3", "0", "2", "2", "1", "2", "2", "2", "4/200"]]
     # A study made before source lengths were recorded cannot say: "—", not 0.
     del studies[0]["cases"][0]["source_words"]
-    assert runaways.row_summary(studies)[0][7] == "—"
+    assert runaways.row_summary(studies)[0][8] == "—"
     text = runaways.render(studies, tmp_path / "runaways")
-    assert "| rope | 2 | 3 |" in text and "multi30k-length rope seed 2" in text
+    assert "| multi30k-length | rope | 2 | 3 |" in text and "multi30k-length rope seed 2" in text
+    # Scales are not pooled: the same row at another scale is another line.
+    other = _study(tmp_path / "multi30k" / "rope" / "seed1")
+    assert [line[:2] for line in runaways.row_summary([other, *studies])] == [
+        ["multi30k", "rope"], ["multi30k-length", "rope"]]
+
+
+def test_a_report_is_rewritten_from_its_json_without_runs(tmp_path, capsys):
+    out = tmp_path / "runaways"
+    with pytest.raises(SystemExit):
+        runaways.main(["--out", str(out)])  # nothing to study, nothing to rewrite
+    assert "no earlier report" in capsys.readouterr().err
+    study = _study(tmp_path / "work" / "multi30k" / "rope" / "seed1")
+    out.with_suffix(".json").write_text(json.dumps({"runs": [study]}))
+    assert runaways.main(["--out", str(out)]) == 0
+    assert "| multi30k rope seed 1 |" in out.with_suffix(".md").read_text()
+    assert json.loads(out.with_suffix(".json").read_text())["runs"] == [study]
