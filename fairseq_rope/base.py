@@ -1,5 +1,6 @@
 """What every layer of fairseq-rope shares: the error base, paths, atomic writes,
-line decoding and command-line helpers. It imports nothing from the package.
+line decoding, command-line helpers and the provenance of measurements (CPU,
+commit). It imports nothing from the package.
 
 Atomic output: readers see the old file or the complete new one, never a part.
 Everything is written to a temporary file in the target's directory (so the
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -149,3 +152,37 @@ def fairseq_command(name: str) -> List[str]:
 def command_line(script: str, argv: Optional[Sequence[str]] = None) -> str:
     """How an entry point was invoked, for the reports it writes (``argv`` None: the process's)."""
     return " ".join(shlex.quote(a) for a in [script, *(sys.argv[1:] if argv is None else argv)])
+
+
+# --- Provenance: what a result was measured on and with
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def git_commit() -> Optional[str]:
+    """The commit of the checkout the plugin runs from, with " (modified)" when its tracked
+    files differ from it; None outside a git checkout (an installed wheel)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=PLUGIN_DIR, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        modified = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{commit} (modified)" if commit and modified else commit or None

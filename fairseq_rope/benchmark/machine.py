@@ -7,31 +7,12 @@ import datetime
 import os
 import platform
 import re
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 import torch
 
 from fairseq_rope import base
-
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def device_slug(device: torch.device) -> str:
@@ -41,22 +22,13 @@ def device_slug(device: torch.device) -> str:
     return device.type
 
 
-def git_commit() -> Optional[str]:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=base.PLUGIN_DIR, capture_output=True,
-                             text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def describe(device: torch.device) -> Dict[str, Any]:
     import fairseq
 
     info: Dict[str, Any] = {
         "device": str(device),
-        "cpu": cpu_model(),
-        "cpu_cores_usable": usable_cores(),
+        "cpu": base.cpu_model(),
+        "cpu_cores_usable": base.usable_cores(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
@@ -65,7 +37,7 @@ def describe(device: torch.device) -> Dict[str, Any]:
         "torch": torch.__version__,
         "fairseq": getattr(fairseq, "__version__", "unknown"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
+        "git_commit": base.git_commit(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

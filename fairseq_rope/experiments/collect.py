@@ -58,7 +58,7 @@ BLEU_NOTE = (
     "order in brackets (one value when there is one seed, or all seeds agree). Parameters: "
     "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
     "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second); each run's "
-    "CPU threads are under Runs. Wall time: sum of fairseq-train's 'done training in' over the "
+    "threads, CPU and commit are under Runs. Wall time: sum of fairseq-train's 'done training in' over the "
     "run's invocations."
 )
 
@@ -249,16 +249,25 @@ def _paired_texts(pairs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], refere
 
 def runs_table(runs: Runs) -> List[str]:
     """One line per run: its seed, BLEU and anything that made it differ from the config."""
-    header = ["row", "seed", "BLEU (tok.)", "sacreBLEU", "updates", "training threads",
+    header = ["row", "seed", "BLEU (tok.)", "sacreBLEU", "updates", "trained with",
               "extra fairseq-train args", "run directory"]
     lines = [
         [name, str(r["seed"]), _optional(r.get("bleu_tokenized")), _optional(r.get("sacrebleu")),
-         str(r.get("num_updates")), str(r.get("train_threads") or "not recorded"),
+         str(r.get("num_updates")), _trained_with(r),
          " ".join(r.get("extra_train_args") or []) or "none",
          f"`{_shown_path(r['run_dir'])}`"]
         for name, rs in runs.items() for r in rs
     ]
     return markdown_table(header, lines) if lines else ["No finished runs."]
+
+
+def _trained_with(run: Dict[str, Any]) -> str:
+    """Threads, CPU and plugin commit of the training (run.json has them from 2026-11-24 on)."""
+    if run.get("train_threads") is None:
+        return "not recorded"
+    commit = run.get("code_commit")
+    code = "commit unknown" if not commit else f"`{commit[:10]}`{commit[40:]}"
+    return f"{run['train_threads']} threads, {run.get('train_cpu') or 'CPU unknown'}, {code}"
 
 
 def _optional(value: Optional[float]) -> str:

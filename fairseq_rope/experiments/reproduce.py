@@ -251,11 +251,12 @@ def longest_training_pair(data_bin: Path) -> Dict[str, int]:
 def summarize_run(
     row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
     extra: Sequence[str] = (), timer_seconds: Optional[float] = None,
-    length: Optional[Dict[str, Any]] = None, train_threads: Optional[int] = None,
+    length: Optional[Dict[str, Any]] = None, provenance: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint.
 
-    ``train_threads``: the CPU threads fairseq-train ran with (its speed depends on them).
+    ``provenance``: :func:`training_provenance` of the invocation that trained
+    (unknown, each None, when not given).
     """
     results = _read_json(save_dir / "eval" / "results.json")
     log = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
@@ -272,7 +273,7 @@ def summarize_run(
         "parameters": count_parameters(model_state),
         "train_tokens_per_second": statistics.fmean(log.words_per_second) if log.words_per_second else None,
         **_wall_time(log, timer_seconds),
-        "train_threads": train_threads,
+        **{key: (provenance or {}).get(key) for key in TRAINING_PROVENANCE},
         "num_updates": log.num_updates,
         "bleu_tokenized": results["bleu_tokenized"],
         "sacrebleu": results.get("sacrebleu"),
@@ -354,12 +355,21 @@ def reproduce_row(
         evaluate(save_dir, data_bin)
     length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
     command = reproduce_command(row, scale, seed, extra, work_dir)
-    # fairseq-train inherits this process's OMP_NUM_THREADS, so torch's count here is its count;
-    # a rerun that did not train keeps what the training invocation recorded, if anything.
+    # A rerun that did not train keeps what the training invocation recorded, if anything.
     previous = summary_path(save_dir)
-    threads = (torch.get_num_threads() if seconds is not None
-               else _read_json(previous).get("train_threads") if previous.is_file() else None)
-    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, threads)
+    provenance = (training_provenance() if seconds is not None
+                  else _read_json(previous) if previous.is_file() else None)
+    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, provenance)
+
+
+#: What a run's speed and numbers depend on beyond its command, as run.json keys.
+TRAINING_PROVENANCE = ("train_threads", "train_cpu", "code_commit")
+
+
+def training_provenance() -> Dict[str, Any]:
+    """The threads, CPU and plugin commit of this invocation's training: fairseq-train inherits
+    this process's OMP_NUM_THREADS and runs the plugin it imports, so they are its own."""
+    return dict(zip(TRAINING_PROVENANCE, (torch.get_num_threads(), base.cpu_model(), base.git_commit())))
 
 
 # --- Command line

@@ -166,22 +166,26 @@ def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
     assert save_dir == tmp_path / "wmt14" / "learned" / "seed7"
 
 
-def test_the_training_threads_are_recorded_by_the_invocation_that_trained(tmp_path, monkeypatch):
-    """Tokens/s depend on the threads: recorded when training ran, kept by a rerun that only re-reports."""
+def test_threads_cpu_and_commit_are_recorded_by_the_invocation_that_trained(tmp_path, monkeypatch):
+    """Speed and numbers depend on them: recorded when training ran, kept by a rerun that only
+    re-reports, unknown (None) when neither knows."""
     trained = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "bin")
     monkeypatch.setattr(reproduce, "train", lambda *a: trained.pop() if trained else None)
     monkeypatch.setattr(reproduce, "evaluate", lambda *a: None)
-    monkeypatch.setattr(reproduce, "summarize_run", lambda *a: {"train_threads": a[-1]})
+    monkeypatch.setattr(reproduce, "summarize_run", lambda *a: {
+        key: (a[-1] or {}).get(key) for key in reproduce.TRAINING_PROVENANCE})
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     trained.append(60.0)
-    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)["train_threads"] == 3
+    now = reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)
+    assert now["train_threads"] == 3 and now["train_cpu"] and now["code_commit"]  # a git checkout
     save = run_dir(tmp_path, SCALES["demo"], ROWS["rope"], 1)
     (save / "eval").mkdir(parents=True)
     (save / "eval" / "results.json").write_text("{}")
-    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)["train_threads"] is None
-    summary_path(save).write_text(json.dumps({"train_threads": 2}))
-    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)["train_threads"] == 2
+    assert set(reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path).values()) == {None}
+    earlier = {"train_threads": 2, "train_cpu": "then", "code_commit": "abc"}
+    summary_path(save).write_text(json.dumps(earlier))
+    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path) == earlier
 
 
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
@@ -299,7 +303,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
     assert summary["bleu_tokenized"] == 12.5 and summary["sacrebleu"] == 11.0
-    assert summary["train_threads"] is None  # not given: not guessed
+    assert summary["train_threads"] is None and summary["code_commit"] is None  # not given: not guessed
     assert shlex.split(summary["reproduce_command"]) == [
         "scripts/reproduce_table.sh", "sinusoidal", "--scale", "demo", "--seed", "3",
         "--", "--max-update", "150"]
@@ -349,7 +353,7 @@ def test_collect_on_fake_runs(tmp_path):
     assert "fairseq-train DATA --arch arch_learned --seed 1 --max-update 60" in md
     assert "scripts/reproduce_table.sh learned --scale demo --seed 1 -- --max-update 60" in md
     assert "![validation loss](demo_valid_loss.png)" in md
-    assert "| training threads |" in md and "| not recorded |" in md  # runs made before it was
+    assert "| trained with |" in md and "| not recorded |" in md  # runs made before it was
     assert "[demo-length.md](demo-length.md)" in md  # the length study of the same models
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
 
@@ -497,6 +501,15 @@ def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
     assert "## Length extrapolation" in md and "at most 12 source words" in md
     assert "| 9-12 (n=150) |" in md and "| 13-16 † (n=150) |" in md
     assert_png(out / "multi30k-length_bleu_by_length.png")
+
+
+def test_runs_say_what_they_were_trained_with():
+    run = {"train_threads": 2, "train_cpu": "AMD EPYC", "code_commit": "0123456789abcdef" * 2 + "01234567"}
+    assert collect._trained_with(run) == "2 threads, AMD EPYC, `0123456789`"
+    run["code_commit"] += " (modified)"
+    assert collect._trained_with(run) == "2 threads, AMD EPYC, `0123456789` (modified)"
+    assert collect._trained_with({**run, "code_commit": None}) == "2 threads, AMD EPYC, commit unknown"
+    assert collect._trained_with({}) == "not recorded"
 
 
 def test_multi30k_length_against_the_same_rows_trained_on_all_lengths(tmp_path):
