@@ -107,7 +107,9 @@ def bleu_by_length(
     edges: Sequence[int] = DEFAULT_EDGES,
     source_lines: Optional[Sequence[str]] = None,
 ) -> List[Dict[str, Any]]:
-    """Per bucket: label, bounds, number of sentences and tokenized compound-split BLEU (None if empty)."""
+    """Per bucket: label, bounds, number of sentences, tokenized compound-split BLEU and the
+    hypotheses' length over the references' in the same tokens (both None if empty): a model that
+    stops early on long inputs shows there, one that runs away shows above 1."""
     # An empty source counts as length 1, i.e. in the first bucket.
     lengths = [max(n, 1) for n in source_lengths(translations, source_lines)]
     if any(t.reference is None for t in translations):
@@ -116,23 +118,24 @@ def bleu_by_length(
     for bucket in buckets_for(edges, lengths):
         members = [t for t, n in zip(translations, lengths) if bucket.contains(n)]
         rows.append({"bucket": bucket.label, "low": bucket.low, "high": bucket.high,
-                     "sentences": len(members), "bleu": _bleu(members)})
+                     "sentences": len(members), **_bleu(members)})
     return rows
 
 
-def _bleu(translations: Sequence[Translation]) -> Optional[float]:
+def _bleu(translations: Sequence[Translation]) -> Dict[str, Optional[float]]:
     if not translations:
-        return None
+        return {"bleu": None, "length_ratio": None}
     score, _ = tokenized_bleu([t.hypothesis for t in translations], [t.reference for t in translations])
-    return score.score
+    return {"bleu": score.score, "length_ratio": score.sys_len / score.ref_len if score.ref_len else None}
 
 
 def format_table(rows: Sequence[Dict[str, Any]], unit: str) -> str:
     """A plain-text table of :func:`bleu_by_length`'s rows."""
-    lines = [f"source length: {unit}", f"{'bucket':>10}  {'sentences':>9}  {'BLEU':>6}"]
+    lines = [f"source length: {unit}", f"{'bucket':>10}  {'sentences':>9}  {'BLEU':>6}  {'hyp/ref':>7}"]
     for row in rows:
         bleu = "-" if row["bleu"] is None else f"{row['bleu']:.2f}"
-        lines.append(f"{row['bucket']:>10}  {row['sentences']:>9}  {bleu:>6}")
+        ratio = "-" if row.get("length_ratio") is None else f"{row['length_ratio']:.3f}"
+        lines.append(f"{row['bucket']:>10}  {row['sentences']:>9}  {bleu:>6}  {ratio:>7}")
     return "\n".join(lines)
 
 

@@ -283,8 +283,9 @@ def length_buckets(runs: Runs) -> List[Dict[str, Any]]:
     return []
 
 
-def bucket_bleus(run: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    return {b["bucket"]: b["bleu"] for b in (run.get("bleu_by_length") or {}).get("buckets", [])}
+def bucket_bleus(run: Dict[str, Any], key: str = "bleu") -> Dict[str, Optional[float]]:
+    """A run's ``key`` (BLEU, or ``length_ratio``) per bucket label; None where not measured."""
+    return {b["bucket"]: b.get(key) for b in (run.get("bleu_by_length") or {}).get("buckets", [])}
 
 
 def length_table(scale: Scale, runs: Runs) -> List[str]:
@@ -309,17 +310,25 @@ def length_table(scale: Scale, runs: Runs) -> List[str]:
         f"{b['bucket']}{' †' if longer is not None and b['low'] >= longer else ''} (n={b['sentences']})"
         for b in buckets
     ]
-    lines = []
-    for name in ROWS:
-        per_run = [bucket_bleus(r) for r in runs[name]]
-        if not per_run:
-            lines.append([name] + [NOT_RUN] * len(buckets))
-            continue
-        lines.append([name] + [cell([p.get(b["bucket"]) for p in per_run], _bleu) for b in buckets])
+    def per_row(key: str, fmt: Callable[[float], str]) -> List[List[str]]:
+        lines = []
+        for name in ROWS:
+            per_run = [bucket_bleus(r, key) for r in runs[name]]
+            lines.append([name] + ([cell([p.get(b["bucket"]) for p in per_run], fmt) for b in buckets]
+                                   if per_run else [NOT_RUN] * len(buckets)))
+        return lines
+
     longest = _longest_training_pairs(runs)
     note = [f"Longest training pair in BPE tokens (with EOS): {longest}; the learned row's "
             "positions beyond it are untrained."] if longest else []
-    return intro + markdown_table(header, lines) + ([""] + note if note else [])
+    ratios = ["", "Hypothesis length over reference length in the same tokens, per bucket (below 1: "
+              "the outputs stop short, above 1: they run on; — for runs recorded before it was "
+              "measured):", ""] + markdown_table(header, per_row("length_ratio", _ratio))
+    return intro + markdown_table(header, per_row("bleu", _bleu)) + ratios + ([""] + note if note else [])
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.3f}"
 
 
 def length_against_full_data(scale: Scale, runs: Runs, full: Scale, full_runs: Runs) -> List[str]:

@@ -42,6 +42,15 @@ def test_buckets_counts_and_a_perfect_bucket_scores_100(translations):
     assert 0 < rows[2]["bleu"] < 100
 
 
+def test_each_bucket_says_how_long_its_hypotheses_are_against_the_references(translations):
+    rows = bleu_by_length(translations, edges=[4, 8])
+    assert rows[0]["length_ratio"] == pytest.approx(1.0)
+    assert rows[1]["length_ratio"] == pytest.approx(3 / 8)
+    assert rows[2]["length_ratio"] == pytest.approx(1.0)
+    empty = bleu_by_length(translations, edges=[3, 5, 6, 12])[1]
+    assert empty["sentences"] == 0 and empty["length_ratio"] is None
+
+
 def test_empty_buckets_are_reported_without_a_score(translations):
     rows = bleu_by_length(translations, edges=[3, 5, 6, 12])
     assert [(r["bucket"], r["sentences"], r["bleu"] is None) for r in rows] == [

@@ -495,11 +495,19 @@ def test_significance_says_why_it_is_unavailable(tmp_path):
 def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
     work, out = tmp_path / "work", tmp_path / "results"
     labels = ["1-8", "9-12", "13-16", "17-20"]
-    write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
+    save = write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
+    summary = json.loads((save / "eval" / "run.json").read_text())
+    for bucket, ratio in zip(summary["bleu_by_length"]["buckets"], [1.0, 0.98, 0.8, 0.6]):
+        bucket["length_ratio"] = ratio
+    (save / "eval" / "run.json").write_text(json.dumps(summary))
+    write_run(work, "multi30k-length", "rpe", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
     collect.collect(SCALES["multi30k-length"], work, out)
     md = (out / "multi30k-length.md").read_text()
     assert "## Length extrapolation" in md and "at most 12 source words" in md
     assert "| 9-12 (n=150) |" in md and "| 13-16 † (n=150) |" in md
+    ratios = md.split("Hypothesis length over reference length")[1]
+    assert table_line(ratios, "rope") == "| rope | 1.000 | 0.980 | 0.800 | 0.600 |"
+    assert table_line(ratios, "rpe") == "| rpe | — | — | — | — |"  # recorded before it was measured
     assert_png(out / "multi30k-length_bleu_by_length.png")
 
 
