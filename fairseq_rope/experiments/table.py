@@ -191,9 +191,10 @@ def finished_runs(work_dir: PathLike, scale: Scale,
     for name in ROWS:
         found = [(path.parent.parent, _read_run(path, name, scale))
                  for path in (scale_dir(work_dir, scale) / name).glob(f"seed*/eval/{RUN_SUMMARY}")]
-        if records_dir is not None:
+        if records_dir is not None:  # the table is then made from the records, below
             for run, _ in found:
                 save_record(run, Path(records_dir) / scale.name / name / run.name)
+            continue
         runs[name] = sorted(({**summary, "run_dir": str(run)} for run, summary in found),
                             key=lambda s: s["seed"])
     return runs if records_dir is None else recorded_runs(records_dir, scale)
