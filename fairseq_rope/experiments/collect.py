@@ -72,14 +72,19 @@ def mean_std(values: Sequence[float]) -> Tuple[float, Optional[float]]:
 
 
 def cell(values: Sequence[Optional[float]], fmt: Callable[[float], str]) -> str:
-    """``mean ± std [v1, v2, ...]`` of the values that are not None; ``—`` when there are none."""
+    """``mean ± std [v1, v2, ...]`` over the values that are not None, every value in its seed's place
+    (``—`` for a run that did not measure it, so a mean over fewer seeds shows as one); ``—`` when
+    none was measured, the value alone when every run measured the same."""
     present = [v for v in values if v is not None]
     if not present:
         return MISSING
-    if len(set(present)) == 1:
+    if len(present) == len(values) and len(set(present)) == 1:
         return fmt(present[0])
+    listed = ", ".join(MISSING if v is None else fmt(v) for v in values)
+    if len(present) == 1:
+        return f"{fmt(present[0])} [{listed}]"
     mean, std = mean_std(present)
-    return f"{fmt(mean)} ± {fmt(std)} [{', '.join(fmt(v) for v in present)}]"
+    return f"{fmt(mean)} ± {fmt(std)} [{listed}]"
 
 
 def _bleu(value: float) -> str:

@@ -321,6 +321,16 @@ def table_line(markdown: str, row: str) -> str:
     return next(line for line in markdown.splitlines() if line.startswith(f"| {row} |"))
 
 
+def test_a_cell_keeps_every_seed_in_its_place():
+    fmt = "{:.1f}".format
+    assert collect.cell([1.0, 3.0], fmt) == "2.0 ± 1.4 [1.0, 3.0]"
+    assert collect.cell([2.0, 2.0], fmt) == "2.0"  # every seed the same: once
+    assert collect.cell([None, None], fmt) == "—"
+    # A value some runs did not measure: the mean is over the others, and the list shows which.
+    assert collect.cell([None, 2.0], fmt) == "2.0 [—, 2.0]"
+    assert collect.cell([None, 1.0, 3.0], fmt) == "2.0 ± 1.4 [—, 1.0, 3.0]"
+
+
 def test_collect_on_fake_runs(tmp_path):
     work, out = tmp_path / "work", tmp_path / "results"
     write_run(work, "demo", "sinusoidal", 1, bleu=20.0, sacre=19.0, wall=240.0)
