@@ -487,28 +487,42 @@ def plot_bleu(scale: Scale, runs: Runs, path: Path) -> None:
 
 
 def plot_bleu_by_length(scale: Scale, runs: Runs, path: Path) -> None:
+    """BLEU per source-length bucket and, below it, the hypotheses' length over the references':
+    a row that stops short of long inputs (or runs on) shows there what its BLEU does not say."""
     assert scale.bucket_edges
-    fig, ax = new_axes()
-    buckets, colors = length_buckets(runs), _row_colors()
+    fig, (ax, ratio_ax) = pyplot().subplots(2, 1, sharex=True, figsize=(7, 7.5),
+                                              gridspec_kw={"height_ratios": (3, 2)})
+    buckets = length_buckets(runs)
     labels = [b["bucket"] for b in buckets]
+    _plot_per_bucket(ax, runs, labels, "bleu", legend=True)
+    _plot_per_bucket(ratio_ax, runs, labels, "length_ratio", legend=False)
+    ratio_ax.axhline(1.0, color="black", linewidth=0.8)
+    ratio_ax.set(xlabel="source length (raw English words)", ylabel="hypothesis / reference length")
+    ratio_ax.grid(alpha=0.3)
+    if buckets:
+        if scale.max_train_len is not None:
+            trained = sum(b["low"] < scale.max_train_len for b in buckets)
+            for axes in (ax, ratio_ax):
+                axes.axvline(trained - 0.5, color="gray", linestyle="--")
+            ax.text(trained - 0.45, 0.02, " longer than training", transform=ax.get_xaxis_transform(),
+                    color="gray", fontsize="small")
+        ratio_ax.set_xticks(range(len(labels)), labels)
+    finish(fig, ax, path, bool(buckets), ylabel="BLEU (tokenized, compound-split)",
+           title=f"BLEU by source length, scale {scale.name} (mean and std over seeds)")
+
+
+def _plot_per_bucket(ax: Any, runs: Runs, labels: Sequence[str], key: str, legend: bool) -> None:
+    """Each row's mean ± std over seeds of ``key`` per bucket (runs that did not measure it left out)."""
+    colors = _row_colors()
     for name in ROWS:
-        per_run = [bucket_bleus(r) for r in runs[name]]
+        per_run = [bucket_bleus(r, key) for r in runs[name]]
         points = [(x, [p[label] for p in per_run if p.get(label) is not None])
                   for x, label in enumerate(labels)]
         stats = [(x, *mean_std(vs)) for x, vs in points if vs]
         if stats:
             ax.errorbar([x for x, _, _ in stats], [m for _, m, _ in stats],
                         yerr=[s or 0 for _, _, s in stats], marker="o", capsize=4,
-                        label=name, color=colors[name])
-    if buckets:
-        if scale.max_train_len is not None:
-            trained = sum(b["low"] < scale.max_train_len for b in buckets)
-            ax.axvline(trained - 0.5, color="gray", linestyle="--")
-            ax.text(trained - 0.45, 0.02, " longer than training", transform=ax.get_xaxis_transform(),
-                    color="gray", fontsize="small")
-        ax.set_xticks(range(len(labels)), labels)
-    finish(fig, ax, path, bool(buckets), xlabel="source length (raw English words)",
-            ylabel="BLEU (tokenized, compound-split)", title=f"BLEU by source length, scale {scale.name}")
+                        label=name if legend else None, color=colors[name])
 
 
 # --- Entry point
