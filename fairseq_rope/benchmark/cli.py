@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fairseq_rope import base
-from fairseq_rope.benchmark import machine, models, ops, report
+from fairseq_rope.benchmark import machine, models, ops, report, timing
 from fairseq_rope.benchmark.report import ROPE, STOCK, fmt_rate, fmt_time
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -151,8 +151,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/benchmark.py
     paths = report.write_outputs(results, out_dir)
     print("\n# targets")
     for t in results["targets"]:
-        worst = "—" if t["worst"] is None else f"{t['worst']:.3f}"
-        print(f"{t['dtype']:>5}  {t['target']:<45} {t['goal']:<24} worst {worst:>7}  {t['status']}")
+        median, worst = (report.optional_ratio(t[k]) for k in ("median", "worst"))
+        print(f"{t['dtype']:>5}  {t['target']:<45} {t['goal']:<40} median {median:>6}  worst {worst:>6}"
+              f"  {t['status']}")
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -172,9 +173,16 @@ def run_ops(preset: Preset, device: torch.device, dtype: str, seed: int) -> List
     return entries
 
 
-def _ratios(rows: Dict[str, Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Dict[str, float]]:
-    return {f"{n}_over_stock": {k: rows[n][k] / rows[STOCK][k] for k in keys}
-            for n in rows if n != STOCK}
+def _ratios(rows: Dict[str, Dict[str, Any]], rate: str) -> Dict[str, Dict[str, Any]]:
+    """Each row over stock: ``rate`` (tokens or sentences per second) as the median of the
+    per-repetition ratios, with their quartiles (:func:`timing.paired_speedup`), and peak memory."""
+    ratios = {}
+    for n in rows:
+        if n != STOCK:
+            speedup = timing.paired_speedup(rows[n], rows[STOCK])
+            ratios[f"{n}_over_stock"] = {rate: speedup.median, f"{rate}_quartiles": [speedup.q1, speedup.q3],
+                                         "peak_bytes": rows[n]["peak_bytes"] / rows[STOCK]["peak_bytes"]}
+    return ratios
 
 
 def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
@@ -194,7 +202,7 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
         batch = models.synthetic_batch(tasks[ROPE], length, sentences, seed + length)
         measured = models.bench_training(trainers, batch, device, preset.reps, preset.warmup)
         entry = {"length": length, "sentences": sentences, "target_tokens": int(batch["ntokens"]),
-                 "rows": measured, "ratios": _ratios(measured, ("tokens_per_s", "peak_bytes"))}
+                 "rows": measured, "ratios": _ratios(measured, "tokens_per_s")}
         out["train"].append(entry)
         _print_models(entry, "tokens_per_s")
     if decode:
@@ -205,7 +213,7 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
             measured = models.bench_decoding(trainers, tasks, batch, length, device,
                                              preset.reps, preset.warmup)
             entry = {"length": length, "sentences": preset.decode_sentences, "rows": measured,
-                     "ratios": _ratios(measured, ("sentences_per_s", "peak_bytes"))}
+                     "ratios": _ratios(measured, "sentences_per_s")}
             out["decode"].append(entry)
             _print_models(entry, "sentences_per_s")
     del trainers, tasks

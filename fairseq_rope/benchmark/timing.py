@@ -4,7 +4,9 @@ Every candidate of a comparison is timed once per repetition, in an order that
 rotates from one repetition to the next, so that a slow phase of a shared
 machine (another process, frequency scaling, a warm or cold cache) hits every
 candidate alike instead of one block of them. Summaries are the median and the
-spread (quartiles, min, max) of the per-call times.
+spread (quartiles, min, max) of the per-call times, and the samples themselves in
+repetition order, so that two candidates can be compared pairwise
+(:func:`paired_speedup`): the samples of one repetition were taken moments apart.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 import torch
 
@@ -29,9 +31,10 @@ class Stats:
     max: float
     n: int
     calls_per_sample: int = 1
+    samples: Tuple[float, ...] = ()  # seconds per call, in repetition order
 
-    def as_dict(self) -> Dict[str, float]:
-        return asdict(self)
+    def as_dict(self) -> Dict[str, Any]:
+        return {**asdict(self), "samples": list(self.samples)}
 
     @property
     def iqr(self) -> float:
@@ -48,8 +51,22 @@ def summarize(samples: List[float], calls_per_sample: int = 1) -> Stats:
         q1 = q3 = ordered[0]
     return Stats(
         median=statistics.median(ordered), q1=q1, q3=q3, min=ordered[0], max=ordered[-1],
-        n=len(ordered), calls_per_sample=calls_per_sample,
+        n=len(ordered), calls_per_sample=calls_per_sample, samples=tuple(samples),
     )
+
+
+def paired_speedup(candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> Stats:
+    """``candidate``'s throughput over ``baseline``'s (same work per call), per repetition:
+    the baseline's time over the candidate's in each repetition, summarized over repetitions.
+
+    Both were timed in every repetition of one :func:`interleaved` call, moments apart, so a
+    slow phase of the machine divides out of each ratio; a ratio of the two medians keeps it
+    in both and is noisier. Takes :class:`Stats` as dicts (``as_dict``, or read from JSON).
+    """
+    ours, theirs = candidate["samples"], baseline["samples"]
+    if not ours or len(ours) != len(theirs):
+        raise ValueError(f"paired samples needed: {len(ours)} against {len(theirs)}")
+    return summarize([b / a for a, b in zip(ours, theirs)])
 
 
 def synchronize(device: torch.device) -> None:
