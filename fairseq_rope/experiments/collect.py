@@ -337,37 +337,52 @@ def _ratio(value: float) -> str:
 
 
 def length_against_full_data(scale: Scale, runs: Runs, full: Scale, full_runs: Runs) -> List[str]:
-    """Per row and bucket, this length study's BLEU minus that of the same row trained on all lengths.
+    """Per row and bucket, this length study's BLEU minus that of the same row trained on all
+    lengths, and its output length over theirs.
 
-    Long sentences are harder whatever the training lengths, so a length study's
-    BLEU by bucket mixes length extrapolation with difficulty; the same models
-    trained on the full corpus and scored on the same test set and buckets take
-    the difficulty out.
+    Long sentences are harder whatever the training lengths, and a model trained on all of them
+    also shortens some, so a length study's BLEU and length ratio by bucket mix length
+    extrapolation with difficulty; the same models trained on the full corpus and scored on the
+    same test set and buckets take the difficulty out.
     """
-    intro = [f"BLEU of this study's models minus BLEU of the same row trained on all lengths "
-             f"([{full.name}.md]({full.name}.md)), per bucket, means over each one's seeds: the "
-             "buckets without † show what training on the shorter pairs only costs within the "
-             "training lengths; how the difference grows past them is what each row loses to "
-             "length alone.", ""]
+    intro = [f"This study's models against the same row trained on all lengths "
+             f"([{full.name}.md]({full.name}.md)), per bucket, means over each one's seeds (those "
+             "that measured it): the buckets without † show what training on the shorter pairs "
+             "only costs within the training lengths; how it grows past them is what each row "
+             "loses to length alone.", ""]
     buckets = length_buckets(runs)
     if not buckets:
         return intro + ["No finished runs with BLEU by length."]
     header = ["row"] + [f"{b['bucket']}{' †' if b['low'] >= scale.max_train_len else ''}" for b in buckets]
-    lines = []
-    for name in ROWS:
-        study, reference = [bucket_bleus(r) for r in runs[name]], [bucket_bleus(r) for r in full_runs[name]]
-        if not study or not reference:
-            lines.append([name] + [NOT_RUN if not study else f"{full.name} {NOT_RUN}"] * len(buckets))
-            continue
-        lines.append([name] + [_difference([p.get(b["bucket"]) for p in study],
-                                           [p.get(b["bucket"]) for p in reference]) for b in buckets])
-    return intro + markdown_table(header, lines)
+
+    def per_row(key: str, compare: Callable[[float, float], str]) -> List[List[str]]:
+        lines = []
+        for name in ROWS:
+            study = [bucket_bleus(r, key) for r in runs[name]]
+            reference = [bucket_bleus(r, key) for r in full_runs[name]]
+            if not study or not reference:
+                lines.append([name] + [NOT_RUN if not study else f"{full.name} {NOT_RUN}"] * len(buckets))
+                continue
+            lines.append([name] + [_compared([p.get(b["bucket"]) for p in study],
+                                             [p.get(b["bucket"]) for p in reference], compare)
+                                   for b in buckets])
+        return lines
+
+    return (intro + ["BLEU minus the full-data model's BLEU:", ""]
+            + markdown_table(header, per_row("bleu", lambda a, b: f"{a - b:+.2f}"))
+            + ["", "Output length over the full-data model's output length (the hypothesis/reference "
+                   "ratios divided; the references are the same): below 1, the study's model stops "
+                   "shorter than the same row trained on all lengths:", ""]
+            + markdown_table(header, per_row("length_ratio", lambda a, b: f"{a / b:.3f}")))
 
 
-def _difference(values: Sequence[Optional[float]], reference: Sequence[Optional[float]]) -> str:
-    if None in values or None in reference:
+def _compared(values: Sequence[Optional[float]], reference: Sequence[Optional[float]],
+              compare: Callable[[float, float], str]) -> str:
+    """``compare`` of the means of the measured values of either side; — if a side has none."""
+    ours, theirs = [v for v in values if v is not None], [v for v in reference if v is not None]
+    if not ours or not theirs:
         return MISSING
-    return f"{statistics.mean(values) - statistics.mean(reference):+.2f}"
+    return compare(statistics.mean(ours), statistics.mean(theirs))
 
 
 def _longest_training_pairs(runs: Runs) -> str:

@@ -258,7 +258,8 @@ def test_parameter_count_counts_tied_embeddings_once_also_after_averaging(tiny_s
 
 def write_run(work: Path, scale: str, row: str, seed: int, bleu: float, sacre: Optional[float] = None,
               params: int = 1000, wps: float = 5000.0, wall: float = 300.0,
-              length: Optional[Dict[str, float]] = None, extra=()) -> Path:
+              length: Optional[Dict[str, float]] = None, extra=(),
+              ratios: Optional[Dict[str, float]] = None) -> Path:
     """A fake finished run: command.txt, train.log, eval/results.json and eval/run.json."""
     scale_, row_ = SCALES[scale], ROWS[row]
     save = run_dir(work, scale_, row_, seed)
@@ -276,7 +277,8 @@ def write_run(work: Path, scale: str, row: str, seed: int, bleu: float, sacre: O
     }
     if length is not None:
         summary["bleu_by_length"] = {
-            "buckets": [{"bucket": label, "low": 7 * i, "high": 7 * (i + 1), "sentences": 150, "bleu": b}
+            "buckets": [{"bucket": label, "low": 7 * i, "high": 7 * (i + 1), "sentences": 150, "bleu": b,
+                         **({} if ratios is None else {"length_ratio": ratios[label]})}
                         for i, (label, b) in enumerate(length.items())],
             "longest_training_pair_tokens": {"source": 21, "target": 23},
         }
@@ -535,15 +537,21 @@ def test_multi30k_length_against_the_same_rows_trained_on_all_lengths(tmp_path):
     work, out = tmp_path / "work", tmp_path / "results"
     labels = ["1-8", "9-12", "13-16", "17-20"]
     for seed, full in ((1, [42, 36, 30, 28]), (2, [44, 38, 32, 30])):
-        write_run(work, "multi30k", "rope", seed, bleu=35.0, length=dict(zip(labels, full)))
+        # Seed 1 was recorded before length ratios were measured.
+        write_run(work, "multi30k", "rope", seed, bleu=35.0, length=dict(zip(labels, full)),
+                  ratios=None if seed == 1 else dict(zip(labels, [1.0, 1.0, 0.9, 0.8])))
     collect.collect(SCALES["multi30k"], work, out)
     shutil.rmtree(work / "multi30k")  # recorded: the full-data runs' directories may be gone
-    write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [41, 35, 20, 10])))
+    write_run(work, "multi30k-length", "rope", 1, bleu=30.0, length=dict(zip(labels, [41, 35, 20, 10])),
+              ratios=dict(zip(labels, [1.0, 1.02, 0.72, 0.4])))
     write_run(work, "multi30k-length", "sinusoidal", 1, bleu=30.0, length=dict(zip(labels, [40, 35, 20, 10])))
     collect.collect(SCALES["multi30k-length"], work, out)
     section = (out / "multi30k-length.md").read_text().split("## Against the same rows trained on all lengths")[1]
     assert "[multi30k.md](multi30k.md)" in section and "| 13-16 † |" in section
     # rope: 41 - mean(42, 44), 35 - 37, 20 - 31, 10 - 29
-    assert table_line(section, "rope") == "| rope | -2.00 | -2.00 | -11.00 | -19.00 |"
+    bleu, lengths = section.split("Output length over the full-data model's output length")
+    assert table_line(bleu, "rope") == "| rope | -2.00 | -2.00 | -11.00 | -19.00 |"
+    # Output lengths: the study's ratio over the mean of the full-data runs that measured one.
+    assert table_line(lengths, "rope") == "| rope | 1.000 | 1.020 | 0.800 | 0.500 |"
     assert "multi30k not run" in table_line(section, "sinusoidal")
     assert "| learned | not run |" in table_line(section, "learned") + "|"
