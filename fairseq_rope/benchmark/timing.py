@@ -22,7 +22,7 @@ import torch
 
 @dataclass(frozen=True)
 class Stats:
-    """Seconds per call over the repetitions."""
+    """Seconds per call over the repetitions (from :func:`paired_speedup`: speed ratios)."""
 
     median: float
     q1: float
