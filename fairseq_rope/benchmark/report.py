@@ -48,8 +48,7 @@ def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
         models = results.get("models", {}).get(dtype, {})
 
         def ratio(kind: str, row: str, key: str) -> Dict[int, float]:
-            return {e["length"]: e["ratios"][f"{row}_over_stock"][key] for e in models.get(kind, [])
-                    if f"{row}_over_stock" in e["ratios"]}
+            return {e["length"]: e["ratios"][f"{row}_over_stock"][key] for e in models.get(kind, [])}
 
         ops = {e["length"]: e["ratios"] for e in results.get("ops", {}).get(dtype, [])}
         targets += [
@@ -123,11 +122,9 @@ def _control(by_length: Optional[Dict[str, float]]) -> str:
 
 
 def _ratio_cell(ratios: Dict[str, Any], key: str) -> str:
-    """A ratio with its interquartile range over repetitions where it was measured pairwise."""
-    quartiles = ratios.get(f"{key}_quartiles")
-    if quartiles is None:
-        return f"{ratios[key]:.3f}"
-    return f"{ratios[key]:.3f} [{quartiles[0]:.3f}–{quartiles[1]:.3f}]"
+    """A paired speed ratio with its interquartile range over repetitions."""
+    q1, q3 = ratios[f"{key}_quartiles"]
+    return f"{ratios[key]:.3f} [{q1:.3f}–{q3:.3f}]"
 
 
 def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
@@ -147,10 +144,10 @@ def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
     out += markdown_table(("setting", "value"), [
         (k, ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)) for k, v in s.items()])
     out += ["", "## Targets", "", TARGETS_TEXT, ""]
-    target_rows = [(t["dtype"], t["target"], t["goal"], optional_ratio(t.get("median")),
+    target_rows = [(t["dtype"], t["target"], t["goal"], optional_ratio(t["median"]),
                     optional_ratio(t["worst"]),
                     ", ".join(f"{k}: {v:.2f}" for k, v in t["by_length"].items()) or "—",
-                    _control(t.get("control")), t["status"]) for t in results["targets"]]
+                    _control(t["control"]), t["status"]) for t in results["targets"]]
     out += markdown_table(("dtype", "target", "goal", "median over lengths", "worst length", "by length",
                            f"control: {CONTROL} ÷ stock", "status"), target_rows)
     out += _ops_section(results, plots) + _models_section(results, plots)

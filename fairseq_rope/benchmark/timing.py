@@ -34,7 +34,7 @@ class Stats:
     samples: Tuple[float, ...] = ()  # seconds per call, in repetition order
 
     def as_dict(self) -> Dict[str, Any]:
-        return {**asdict(self), "samples": list(self.samples)}
+        return asdict(self)
 
     @property
     def iqr(self) -> float:

@@ -289,9 +289,12 @@ def length_buckets(runs: Runs) -> List[Dict[str, Any]]:
     return []
 
 
-def bucket_bleus(run: Dict[str, Any], key: str = "bleu") -> Dict[str, Optional[float]]:
-    """A run's ``key`` (BLEU, or ``length_ratio``) per bucket label; None where not measured."""
-    return {b["bucket"]: b.get(key) for b in (run.get("bleu_by_length") or {}).get("buckets", [])}
+def per_bucket(runs: Sequence[Dict[str, Any]], key: str, labels: Sequence[str]) -> List[List[Optional[float]]]:
+    """For each bucket label, every run's ``key`` (``bleu`` or ``length_ratio``) in the runs'
+    order; None where a run did not measure it."""
+    per_run = [{b["bucket"]: b.get(key) for b in (r.get("bleu_by_length") or {}).get("buckets", [])}
+               for r in runs]
+    return [[p.get(label) for p in per_run] for label in labels]
 
 
 def length_table(scale: Scale, runs: Runs) -> List[str]:
@@ -316,13 +319,11 @@ def length_table(scale: Scale, runs: Runs) -> List[str]:
         f"{b['bucket']}{' †' if longer is not None and b['low'] >= longer else ''} (n={b['sentences']})"
         for b in buckets
     ]
+    labels = [b["bucket"] for b in buckets]
+
     def per_row(key: str, fmt: Callable[[float], str]) -> List[List[str]]:
-        lines = []
-        for name in ROWS:
-            per_run = [bucket_bleus(r, key) for r in runs[name]]
-            lines.append([name] + ([cell([p.get(b["bucket"]) for p in per_run], fmt) for b in buckets]
-                                   if per_run else [NOT_RUN] * len(buckets)))
-        return lines
+        return [[name] + ([cell(values, fmt) for values in per_bucket(runs[name], key, labels)]
+                          if runs[name] else [NOT_RUN] * len(buckets)) for name in ROWS]
 
     longest = _longest_training_pairs(runs)
     note = [f"Longest training pair in BPE tokens (with EOS): {longest}; the learned row's "
@@ -355,18 +356,16 @@ def length_against_full_data(scale: Scale, runs: Runs, full: Scale, full_runs: R
     if not buckets:
         return intro + ["No finished runs with BLEU by length."]
     header = ["row"] + [f"{b['bucket']}{' †' if b['low'] >= scale.max_train_len else ''}" for b in buckets]
+    labels = [b["bucket"] for b in buckets]
 
     def per_row(key: str, compare: Callable[[float, float], str]) -> List[List[str]]:
         lines = []
         for name in ROWS:
-            study = [bucket_bleus(r, key) for r in runs[name]]
-            reference = [bucket_bleus(r, key) for r in full_runs[name]]
-            if not study or not reference:
-                lines.append([name] + [NOT_RUN if not study else f"{full.name} {NOT_RUN}"] * len(buckets))
+            if not runs[name] or not full_runs[name]:
+                lines.append([name] + [NOT_RUN if not runs[name] else f"{full.name} {NOT_RUN}"] * len(buckets))
                 continue
-            lines.append([name] + [_compared([p.get(b["bucket"]) for p in study],
-                                             [p.get(b["bucket"]) for p in reference], compare)
-                                   for b in buckets])
+            pairs = zip(per_bucket(runs[name], key, labels), per_bucket(full_runs[name], key, labels))
+            lines.append([name] + [_compared(study, reference, compare) for study, reference in pairs])
         return lines
 
     return (intro + ["BLEU minus the full-data model's BLEU:", ""]
@@ -531,9 +530,8 @@ def _plot_per_bucket(ax: Any, runs: Runs, labels: Sequence[str], key: str, legen
     """Each row's mean ± std over seeds of ``key`` per bucket (runs that did not measure it left out)."""
     colors = _row_colors()
     for name in ROWS:
-        per_run = [bucket_bleus(r, key) for r in runs[name]]
-        points = [(x, [p[label] for p in per_run if p.get(label) is not None])
-                  for x, label in enumerate(labels)]
+        points = [(x, [v for v in values if v is not None])
+                  for x, values in enumerate(per_bucket(runs[name], key, labels))]
         stats = [(x, *mean_std(vs)) for x, vs in points if vs]
         if stats:
             ax.errorbar([x for x, _, _ in stats], [m for _, m, _ in stats],
