@@ -49,6 +49,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
             embed_dim, num_heads, dropout=dropout, self_attention=True, **kwargs
         )
         self.position_encoding = position_encoding
+        # Read at every decoding step: a plain attribute, not a submodule lookup.
+        self._qk_only = position_encoding.qk_only
         # Encodings are built from the head dimension alone; per-head parameters need H too.
         position_encoding.bind_heads(num_heads)
         self._pack_projections()
@@ -82,7 +84,11 @@ class PositionalMultiheadAttention(MultiheadAttention):
     def _projection_pointers(self) -> Tuple[int, int, int]:
         # The weights tell: whatever gives a parameter new storage (_apply, FSDP's
         # flattening, load_state_dict(assign=True)) does it to the weights too.
-        return self.q_proj.weight.data_ptr(), self.k_proj.weight.data_ptr(), self.v_proj.weight.data_ptr()
+        # (Read at every decoding step: through the module dicts, not nn.Module.__getattr__.)
+        modules = self._modules
+        return (modules["q_proj"]._parameters["weight"].data_ptr(),
+                modules["k_proj"]._parameters["weight"].data_ptr(),
+                modules["v_proj"]._parameters["weight"].data_ptr())
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -134,7 +140,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                 "(static_kv and before_softmax are not supported)"
             )
         for name, tensor in (("key", key), ("value", value)):
-            if tensor is not None and not _same_tensor(tensor, query):
+            if tensor is not None and tensor is not query and not _same_tensor(tensor, query):
                 raise ValueError(
                     f"{type(self).__name__} is self-attention only: {name} must be the "
                     f"query itself or None, got a different tensor of shape "
@@ -149,9 +155,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
         # (and cached keys) are inference tensors, which fairseq only reads.
         with torch.inference_mode():
             packed = self._packed_projection()
-            if (packed is not None and incremental_state is not None and query.size(0) == 1
-                    and not need_weights and attn_mask is None and self.position_encoding.qk_only
-                    and not self._dropout_p()):
+            if (incremental_state is not None and not need_weights and attn_mask is None and self._qk_only
+                    and packed is not None and query.size(0) == 1 and not self._dropout_p()):
                 return self._decoding_step(query, packed, incremental_state, key_padding_mask), None
             return self._attend(query, packed, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
@@ -264,8 +269,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
         return k, v, key_padding_mask
 
     def _dropout_p(self) -> float:
-        active = self.training or self.dropout_module.apply_during_inference
-        return self.dropout_module.p if active else 0.0
+        dropout = self._modules["dropout_module"]
+        return dropout.p if self.training or dropout.apply_during_inference else 0.0
 
     def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
         return F.scaled_dot_product_attention(

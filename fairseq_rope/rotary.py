@@ -205,14 +205,16 @@ class _CosSinTable:
         self.sin = angles.sin().to(dtype)
         # e^{i mθ} for the complex-multiply path (see _rotate), where the dtype has one.
         self.cis = torch.complex(self.cos, self.sin) if dtype in _COMPLEX_DTYPES else None
-        self._steps: Dict[float, Tensor] = {}
+        self._steps: Dict[float, Tuple[Tensor, ...]] = {}
 
-    def step_multipliers(self, q_scale: float) -> Tensor:
-        """(capacity, 2, 1, rope_dim/2): [q_scale · e^{imθ}, e^{imθ}] for every position m."""
+    def step_multipliers(self, q_scale: float) -> Tuple[Tensor, ...]:
+        """[q_scale · e^{imθ}, e^{imθ}] as a (2, 1, rope_dim/2) view for each position m,
+        indexed by m: a decoding step then finds its multiplier by tuple indexing,
+        without a tensor op."""
         steps = self._steps.get(q_scale)
         if steps is None:
             with torch.inference_mode(False):  # shared, like the table itself
-                steps = torch.stack((self.cis * q_scale, self.cis), dim=1).unsqueeze(2)
+                steps = torch.stack((self.cis * q_scale, self.cis), dim=1).unsqueeze(2).unbind(0)
             self._steps[q_scale] = steps
         return steps
 
@@ -243,7 +245,7 @@ def clear_cos_sin_cache() -> None:
     """Drop every cached cos/sin table (and the device memory it holds)."""
     _TABLES.clear()
     _LAST_LOOKUP[:] = [None, None]
-    _LAST_STEP[:] = [None, None]
+    _LAST_STEP[:] = [None, ()]
 
 
 def cos_sin(
@@ -303,9 +305,9 @@ def _table(rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype
     return table
 
 
-# The last decoding step's multipliers (see _step_multipliers): computed by the
-# first layer of a step, reused by the others.
-_LAST_STEP: List[Any] = [None, None]
+# The step multipliers of the last table asked for (see _step_multipliers). The key
+# does not depend on the position, so every layer and step of a beam search hits it.
+_LAST_STEP: List[Any] = [None, ()]
 
 
 def _step_multipliers(
@@ -313,11 +315,12 @@ def _step_multipliers(
 ) -> Tensor:
     """[q_scale · e^{i·offset·θ}, e^{i·offset·θ}] as a (2, 1, rope_dim/2) complex
     tensor: one multiply then rotates a step's queries (and scales them) and keys."""
-    lookup = (offset, rope_dim, theta, device, dtype, q_scale, torch.is_inference_mode_enabled())
-    if _LAST_STEP[0] != lookup:
-        table = _table(rope_dim, theta, device, dtype, offset + 1)
-        _LAST_STEP[:] = [lookup, table.step_multipliers(q_scale)[offset]]
-    return _LAST_STEP[1]
+    lookup = (rope_dim, theta, device, dtype, q_scale)
+    steps = _LAST_STEP[1]
+    if offset >= len(steps) or _LAST_STEP[0] != lookup:
+        steps = _table(rope_dim, theta, device, dtype, offset + 1).step_multipliers(q_scale)
+        _LAST_STEP[:] = [lookup, steps]
+    return steps[offset]
 
 
 class RotaryEmbedding(PositionEncoding):

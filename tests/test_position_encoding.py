@@ -58,7 +58,7 @@ def test_step_multipliers_built_under_inference_mode_serve_training():
     with torch.inference_mode():
         rope.encode_step(torch.randn(3, 2, 2, 8), 4, 0.5)
     table = rotary._table(8, rope.theta, torch.device("cpu"), torch.float32, 5)
-    assert table._steps and not any(steps.is_inference() for steps in table._steps.values())
+    assert table._steps and not any(step.is_inference() for steps in table._steps.values() for step in steps)
     qk = torch.randn(3, 2, 2, 8, requires_grad=True)
     rope.encode_step(qk, 4, 0.5).sum().backward()  # the same step, now with autograd
     assert qk.grad is not None
