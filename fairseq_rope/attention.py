@@ -252,20 +252,24 @@ class PositionalMultiheadAttention(MultiheadAttention):
         bsz: int,
     ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """Append this step's (already encoded) keys/values to fairseq's cache."""
-        if "prev_key" in saved_state:
+        cached = "prev_key" in saved_state
+        if cached:
             k = torch.cat((saved_state["prev_key"], k), dim=2)
             v = torch.cat((saved_state["prev_value"], v), dim=2)
-        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-            key_padding_mask=key_padding_mask,
-            prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-            batch_size=bsz,
-            src_len=k.size(2),
-            static_kv=False,
-        )
+        prev_key_padding_mask = saved_state.get("prev_key_padding_mask")
+        if key_padding_mask is not None or prev_key_padding_mask is not None:  # else it stays None
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=prev_key_padding_mask,
+                batch_size=bsz,
+                src_len=k.size(2),
+                static_kv=False,
+            )
         saved_state["prev_key"] = k
         saved_state["prev_value"] = v
         saved_state["prev_key_padding_mask"] = key_padding_mask
-        self._set_input_buffer(incremental_state, saved_state)
+        if not cached:  # a cached state is the incremental state's own dict, updated in place
+            self._set_input_buffer(incremental_state, saved_state)
         return k, v, key_padding_mask
 
     def _dropout_p(self) -> float:

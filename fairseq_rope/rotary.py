@@ -176,7 +176,7 @@ def _as_complex(pairs: Tensor) -> Tensor:
     """Adjacent pairs of the last dim as complex numbers: a view where the strides
     allow it (the usual case, asked of torch rather than checked), else a copy."""
     try:
-        return torch.view_as_complex(pairs.unflatten(-1, (-1, 2)))
+        return torch.view_as_complex(pairs.view(*pairs.shape[:-1], -1, 2))  # view: no Python frame, as unflatten has
     except RuntimeError:
         return torch.view_as_complex(pairs.clone(memory_format=torch.contiguous_format).unflatten(-1, (-1, 2)))
 
