@@ -49,8 +49,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
             embed_dim, num_heads, dropout=dropout, self_attention=True, **kwargs
         )
         self.position_encoding = position_encoding
-        # Read at every decoding step: a plain attribute, not a submodule lookup.
-        self._qk_only = position_encoding.qk_only
         # Encodings are built from the head dimension alone; per-head parameters need H too.
         position_encoding.bind_heads(num_heads)
         self._pack_projections()
@@ -140,7 +138,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                 "(static_kv and before_softmax are not supported)"
             )
         for name, tensor in (("key", key), ("value", value)):
-            if tensor is not None and tensor is not query and not _same_tensor(tensor, query):
+            if tensor is not None and not _same_tensor(tensor, query):
                 raise ValueError(
                     f"{type(self).__name__} is self-attention only: {name} must be the "
                     f"query itself or None, got a different tensor of shape "
@@ -155,7 +153,9 @@ class PositionalMultiheadAttention(MultiheadAttention):
         # (and cached keys) are inference tensors, which fairseq only reads.
         with torch.inference_mode():
             packed = self._packed_projection()
-            if (incremental_state is not None and not need_weights and attn_mask is None and self._qk_only
+            # (Submodules read through _modules: nn.Module.__getattr__ costs at every step.)
+            if (incremental_state is not None and not need_weights and attn_mask is None
+                    and self._modules["position_encoding"].qk_only
                     and packed is not None and query.size(0) == 1 and not self._dropout_p()):
                 return self._decoding_step(query, packed, incremental_state, key_padding_mask), None
             return self._attend(query, packed, key_padding_mask, incremental_state, need_weights, attn_mask,

@@ -175,10 +175,13 @@ def _rotate(
 def _as_complex(pairs: Tensor) -> Tensor:
     """Adjacent pairs of the last dim as complex numbers: a view where the strides
     allow it (the usual case, asked of torch rather than checked), else a copy."""
+    # view, not unflatten: unflatten is a Python method, and this runs at every decoding step.
     try:
-        return torch.view_as_complex(pairs.view(*pairs.shape[:-1], -1, 2))  # view: no Python frame, as unflatten has
+        return torch.view_as_complex(pairs.view(*pairs.shape[:-1], -1, 2))
     except RuntimeError:
-        return torch.view_as_complex(pairs.clone(memory_format=torch.contiguous_format).unflatten(-1, (-1, 2)))
+        # A copy even when contiguous: an odd storage offset cannot be viewed as complex either.
+        copy = pairs.clone(memory_format=torch.contiguous_format)
+        return torch.view_as_complex(copy.view(*pairs.shape[:-1], -1, 2))
 
 
 def layout_permutation(rope_dim: int, head_dim: Optional[int] = None) -> Tensor:
