@@ -36,7 +36,22 @@ def _target(dtype: str, what: str, goal: str, values: Dict[int, float],
             "median": statistics.median(found) if found else None,
             "by_length": {str(k): v for k, v in values.items()},
             "control": None if control is None else {str(k): v for k, v in control.items()},
-            "status": status}
+            "against_control": against_control(values, control), "status": status}
+
+
+def against_control(values: Dict[int, float], control: Optional[Dict[int, float]]) -> Optional[str]:
+    """Where a speed ratio lies against the control's range over lengths: inside it (as far from
+    1.00 as two equally fast models read apart in this run) or below it at named lengths (a cost
+    this run resolves). None without a control."""
+    if not values or not control:
+        return None
+    low, high = min(control.values()), max(control.values())
+    below = {length: low - value for length, value in values.items() if value < low}
+    if not below:
+        return f"inside the control's range ({low:.2f}–{high:.2f}) at every length"
+    lengths = ", ".join(map(str, below))
+    return (f"below the control's range ({low:.2f}–{high:.2f}) at {lengths}, "
+            f"by up to {max(below.values()):.3f}")
 
 
 def evaluate_targets(results: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -106,7 +121,9 @@ TARGETS_TEXT = (
     "is timed once per repetition, moments apart, so a slow phase of the machine divides out. The "
     f"`{CONTROL}` row does the stock Transformer's work with a learned position table in place of "
     "the sinusoidal one: how far its ratios stray from 1.00 is how far two equally fast models "
-    "read apart here (the noise band)."
+    "read apart here (the noise band), and the last column says where RoPE's ratios lie against it. "
+    "Why a target is or is not met, and what was tried: `docs/design.md` (*Speed*); the latest "
+    "figures of every size: `docs/benchmarks/README.md`."
 )
 
 
@@ -147,9 +164,10 @@ def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
     target_rows = [(t["dtype"], t["target"], t["goal"], optional_ratio(t["median"]),
                     optional_ratio(t["worst"]),
                     ", ".join(f"{k}: {v:.2f}" for k, v in t["by_length"].items()) or "—",
-                    _control(t["control"]), t["status"]) for t in results["targets"]]
+                    _control(t["control"]), t["status"], t.get("against_control") or "—")
+                   for t in results["targets"]]
     out += markdown_table(("dtype", "target", "goal", "median over lengths", "worst length", "by length",
-                           f"control: {CONTROL} ÷ stock", "status"), target_rows)
+                           f"control: {CONTROL} ÷ stock", "status", "against the control"), target_rows)
     out += _ops_section(results, plots) + _models_section(results, plots)
     return "\n".join(out) + "\n"
 

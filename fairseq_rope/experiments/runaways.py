@@ -5,10 +5,14 @@ finished runs (``scripts/evaluate.sh`` done: ``eval/generate-test.txt`` and the
 averaged checkpoint). For each run:
 
 1. **Counts** (:func:`fairseq_rope.evaluation.scoring.runaways`): hypotheses longer than
-   1.5× their reference, and those stopped by the length limit.
-2. **Where loops start**: :func:`loop_start` finds the first unit repeated
-   three times in a row; its first word is compared with the longest target
-   the model saw in training (words of the de-BPE'd training targets) and with
+   1.5× their reference, and those stopped by the length limit. Both kinds are
+   studied below: a subword loop inside one word (``Wahlkampfkampfkampf…``)
+   runs to the limit without adding words, so it is no runaway by words.
+2. **Where loops start**: :func:`find_loop` finds the first unit of words
+   repeated three times in a row, or failing that the first word with a unit
+   of characters repeated four times (four, so that ``Schifffahrt`` is no
+   loop); the word where it starts is compared with the longest target the
+   model saw in training (words of the de-BPE'd training targets) and with
    the sentence's reference length.
 3. **Forced decoding**: ``fairseq-generate --score-reference`` scores each
    reference under the same model. Beam search maximises
@@ -63,6 +67,8 @@ VARIANTS = {
 }
 MAX_PERIOD = 8
 MIN_REPEATS = 3
+#: Repeats of a unit of characters that make a loop inside a word (three would catch ``Schifffahrt``).
+MIN_CHARACTER_REPEATS = 4
 
 
 def loop_start(tokens: Sequence[str], max_period: int = MAX_PERIOD, min_repeats: int = MIN_REPEATS
@@ -85,6 +91,20 @@ def loop_start(tokens: Sequence[str], max_period: int = MAX_PERIOD, min_repeats:
                     best = (start, period)
                 break
     return best
+
+
+def find_loop(words: Sequence[str]) -> Optional[Tuple[int, int, str]]:
+    """(word where the hypothesis starts looping, the loop's period, its unit: "word" or "character"),
+    or None. Loops of words come first; only a hypothesis without one is searched for a loop of
+    characters inside a word (a subword loop, invisible to a count of words)."""
+    loop = loop_start(words)
+    if loop is not None:
+        return loop[0], loop[1], "word"
+    for index, word in enumerate(words):
+        inside = loop_start(list(word), min_repeats=MIN_CHARACTER_REPEATS)
+        if inside is not None:
+            return index, inside[1], "character"
+    return None
 
 
 def beam_objective(log_probs: Sequence[float], lenpen: float) -> float:
@@ -124,7 +144,8 @@ def decode_summary(translations: Sequence[Translation], limits: Sequence[int]) -
     counts = runaways(translations, limits)
     bleu, _ = tokenized_bleu([t.hypothesis for t in translations], [t.reference or "" for t in translations])
     return {"bleu_tokenized": bleu.score, "longer_than_ratio": counts["longer_than_ratio"],
-            "at_length_limit": counts["at_length_limit"], "ids": counts["longer_than_ratio_ids"]}
+            "at_length_limit": counts["at_length_limit"], "ids": counts["longer_than_ratio_ids"],
+            "at_length_limit_ids": counts["at_length_limit_ids"] or []}
 
 
 def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> Dict[str, Any]:
@@ -151,9 +172,11 @@ def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> 
             decoded[name] = {**settings, **decode_summary(
                 read_generate_output(out), length_limits(sources, settings["max_len_a"], settings["max_len_b"]))}
 
-    cases, preferred = analyse(baseline, summary["ids"], hyp_scores, ref_scores, BASELINE["lenpen"])
+    cases, preferred = analyse(baseline, summary["ids"], hyp_scores, ref_scores, BASELINE["lenpen"],
+                               summary["at_length_limit_ids"])
     return {**identify(run_dir), "bleu_tokenized": summary["bleu_tokenized"],
             "longer_than_ratio": summary["longer_than_ratio"], "at_length_limit": summary["at_length_limit"],
+            "cases_include_length_limit": True,
             "longest_training_target_words": longest,
             "longest_training_source_words": longest_training_words(data_bin.parent, src), "cases": cases,
             "references_preferred_overall": preferred, "sentences": len(baseline),
@@ -161,22 +184,25 @@ def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> 
 
 
 def analyse(translations: Sequence[Translation], runaway_ids: Sequence[int], hyp_scores: Dict[int, Scored],
-            ref_scores: Dict[int, Scored], lenpen: float) -> Tuple[List[Dict[str, Any]], int]:
-    """Each runaway's loop and the search-or-model verdict; and over all sentences, how many
-    references beam search's objective ranks above the hypothesis it returned."""
+            ref_scores: Dict[int, Scored], lenpen: float, at_limit_ids: Sequence[int] = ()
+            ) -> Tuple[List[Dict[str, Any]], int]:
+    """Each runaway's and each hypothesis at the length limit's loop and search-or-model verdict;
+    and over all sentences, how many references beam search's objective ranks above the
+    hypothesis it returned."""
     by_id = {t.id: t for t in translations}
     cases = []
-    for sid in runaway_ids:
+    for sid in sorted(set(runaway_ids) | set(at_limit_ids)):
         t = by_id[sid]
         words = t.hypothesis.split()
-        loop = loop_start(words)
+        loop = find_loop(words)
         hyp_obj = beam_objective(hyp_scores[sid].log_probs, lenpen)
         ref_obj = beam_objective(ref_scores[sid].log_probs, lenpen)
         cases.append({
-            "id": sid, "source_words": len((t.source or "").replace("@@ ", "").split()),
+            "id": sid, "longer_than_ratio": sid in runaway_ids, "at_length_limit": sid in at_limit_ids,
+            "source_words": len((t.source or "").replace("@@ ", "").split()),
             "hypothesis_words": len(words), "reference_words": len((t.reference or "").split()),
             "hypothesis_subwords": t.subwords, "loop_start_word": None if loop is None else loop[0],
-            "loop_period": None if loop is None else loop[1],
+            "loop_period": None if loop is None else loop[1], "loop_unit": None if loop is None else loop[2],
             "hypothesis_objective": hyp_obj, "reference_objective": ref_obj,
             "error": "search" if ref_obj > hyp_obj else "model",
         })
@@ -243,9 +269,24 @@ BEYOND_TRAINING = {
 }
 
 
+def only_at_limit(case: Dict[str, Any]) -> bool:
+    """A studied hypothesis stopped by the length limit that is no runaway by words (studies made
+    before these were studied hold runaways only)."""
+    return not case.get("longer_than_ratio", True)
+
+
+def _at_limit_only_studied(runs: Sequence[Dict[str, Any]]) -> str:
+    """How many hypotheses at the limit only were studied, and in how many of the runs where a
+    study made before they were included could not have seen them."""
+    count = str(sum(only_at_limit(c) for s in runs for c in s["cases"]))
+    covered = sum(bool(s.get("cases_include_length_limit")) for s in runs)
+    return count if covered == len(runs) else f"{count} ({covered} of {len(runs)} runs studied)"
+
+
 def row_summary(studies: Sequence[Dict[str, Any]]) -> List[List[str]]:
-    """Per scale and row, over its studied runs: runaways, how many loop, model and search errors,
-    and how many lie beyond the training lengths ("—" where a study predates that measurement)."""
+    """Per scale and row, over its studied runs: runaways, hypotheses at the length limit, how many
+    of the studied ones loop, model and search errors, and how many lie beyond the training lengths
+    ("—" where a study predates that measurement)."""
     def group(study: Dict[str, Any]) -> Tuple[str, str]:
         return study.get("scale", "—"), study.get("row", study["run"])
 
@@ -258,7 +299,7 @@ def row_summary(studies: Sequence[Dict[str, Any]]) -> List[List[str]]:
             verdicts = [test(s, c) for s, c in cases]
             beyond.append("—" if None in verdicts else str(sum(verdicts)))
         table.append([scale, row, str(len(runs)), str(sum(s["longer_than_ratio"] for s in runs)),
-                      str(sum(s["at_length_limit"] or 0 for s in runs)),
+                      str(sum(s["at_length_limit"] or 0 for s in runs)), _at_limit_only_studied(runs),
                       _count([c for _, c in cases], lambda c: c["loop_start_word"] is not None),
                       _count([c for _, c in cases], lambda c: c["error"] == "model"),
                       _count([c for _, c in cases], lambda c: c["error"] == "search"), *beyond,
@@ -266,8 +307,22 @@ def row_summary(studies: Sequence[Dict[str, Any]]) -> List[List[str]]:
     return table
 
 
+def _kind(case: Dict[str, Any]) -> str:
+    if only_at_limit(case):
+        return "at the limit only"
+    return "runaway at the limit" if case.get("at_length_limit") else "runaway"
+
+
+def _loop(case: Dict[str, Any]) -> str:
+    if case["loop_start_word"] is None:
+        return "—"
+    if case.get("loop_unit") == "character":
+        return f"{case['loop_start_word']} (inside the word, period {case['loop_period']} characters)"
+    return f"{case['loop_start_word']} (period {case['loop_period']})"
+
+
 def render(studies: Sequence[Dict[str, Any]], out: Path) -> str:
-    """The report: per row, per run, per runaway; and the commands that studied the runs."""
+    """The report: per row, per run, per studied hypothesis; and the commands that studied the runs."""
     text = [
         "# Runaway hypotheses",
         "",
@@ -280,12 +335,15 @@ def render(studies: Sequence[Dict[str, Any]], out: Path) -> str:
         "## Per row",
         "",
         "Over the studied runs of each scale and row: runaways (hypotheses longer than 1.5× their reference), how "
-        "many stopped at the length limit, how many contain a loop, model or search errors under forced "
+        "many stopped at the length limit, and how many of those at the limit that are no runaways by words "
+        "(loops inside a word) were studied too (studies made before 2026-11-24 hold runaways only). Of "
+        "all studied hypotheses: how many contain a loop, model or search errors under forced "
         "decoding, how many lie beyond the training lengths (Moses words; per run, its own training "
-        "data), and how often, over all test sentences, the reference outscores the beam's hypothesis.",
+        "data); and how often, over all test sentences, the reference outscores the beam's hypothesis.",
         "",
     ]
-    text += markdown_table(["scale", "row", "runs", "runaways", "at length limit", "with a loop", "model errors",
+    text += markdown_table(["scale", "row", "runs", "runaways", "at length limit", "at the limit only: studied",
+                            "with a loop", "model errors",
                             "search errors", *BEYOND_TRAINING, "reference preferred (all sentences)"],
                            row_summary(studies))
     text += ["", "## Counts and decoding variants", "",
@@ -298,21 +356,23 @@ def render(studies: Sequence[Dict[str, Any]], out: Path) -> str:
              f"{s['longer_than_ratio']}/{s['at_length_limit']}, BLEU {s['bleu_tokenized']:.2f}"]
             + [f"{v['longer_than_ratio']}/{v['at_length_limit']}, BLEU {v['bleu_tokenized']:.2f}"
                for v in s["variants"].values()] for s in studies]
-    text += markdown_table(header, rows) + ["", "## Each runaway", "",
-            "Loop start: first word of the first unit (≤ 8 words) repeated 3 times in a row (period in words). "
-            "Objective: fairseq's beam score Σ log₂ p / length^0.6 of the runaway and of the reference "
+    text += markdown_table(header, rows) + ["", "## Each studied hypothesis", "",
+            "Kind: a runaway by words, one that also stopped at the length limit, or one at the limit only. "
+            "Loop start: first word of the first unit (≤ 8 words) repeated 3 times in a row (period in words), "
+            "or else the word inside which a unit of ≤ 8 characters repeats 4 times (period in characters). "
+            "Objective: fairseq's beam score Σ log₂ p / length^0.6 of the hypothesis and of the reference "
             "under forced decoding; `search` = the reference scores higher, so beam search missed it; "
-            "`model` = the model prefers the loop. Source words: Moses tokens of the source (— in studies "
+            "`model` = the model prefers its hypothesis. Source words: Moses tokens of the source (— in studies "
             "made before they were recorded).", ""]
-    rows = [[s["run"], str(c["id"]), str(c.get("source_words", "—")), str(c["reference_words"]),
-             str(c["hypothesis_words"]),
-             "—" if c["loop_start_word"] is None else f"{c['loop_start_word']} (period {c['loop_period']})",
+    rows = [[s["run"], str(c["id"]), _kind(c), str(c.get("source_words", "—")), str(c["reference_words"]),
+             str(c["hypothesis_words"]), _loop(c),
              str(s["longest_training_target_words"]), f"{c['hypothesis_objective']:.3f}",
              f"{c['reference_objective']:.3f}", c["error"]]
             for s in studies for c in s["cases"]]
-    text += markdown_table(["run", "id", "source words", "reference words", "hypothesis words",
+    text += markdown_table(["run", "id", "kind", "source words", "reference words", "hypothesis words",
                             "loop starts at word", "longest training target", "objective: hypothesis",
-                            "objective: reference", "error"], rows) if rows else ["No runaways."]
+                            "objective: reference", "error"], rows) if rows else [
+        "No runaways and no hypotheses at the length limit."]
     text += ["", "## Commands", ""]
     for command in dict.fromkeys(s["command"] for s in studies):
         runs = [s for s in studies if s["command"] == command]

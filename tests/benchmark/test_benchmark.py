@@ -157,8 +157,12 @@ def test_targets_statuses() -> None:
     train = targets["training tokens/s, RoPE ÷ stock"]
     assert (train["status"], train["median"], train["worst"]) == ("met", 1.01, 0.98)
     assert train["control"] == {"16": 0.96, "32": 1.04, "48": 1.0}  # learned ÷ stock beside it
+    assert train["against_control"] == "inside the control's range (0.96–1.04) at every length"
     decode = targets["beam-4 decoding sentences/s, RoPE ÷ stock"]
     assert (decode["status"], decode["median"]) == ("not met", 0.99)  # the median is below 1.00
+    # The decoding control (learned ÷ stock) reads 1.00 at every length: RoPE lies below it at two.
+    assert decode["against_control"] == "below the control's range (1.00–1.00) at 16, 32, by up to 0.025"
+    assert targets["peak training memory, RoPE ÷ stock"]["against_control"] is None  # no control
     assert targets["peak training memory, RoPE ÷ stock"]["status"] == "met"
     assert targets["RoPE apply time ÷ naive rotate-half"]["status"] == "met"
     assert targets["RoPE apply bytes/s ÷ copy bytes/s"]["status"] == "not met"

@@ -9,7 +9,7 @@ import pytest
 
 from fairseq_rope.experiments import runaways
 from fairseq_rope.evaluation.decoding import generate
-from fairseq_rope.experiments.runaways import Scored, analyse, beam_objective, loop_start
+from fairseq_rope.experiments.runaways import Scored, analyse, beam_objective, find_loop, loop_start
 from fairseq_rope.evaluation.scoring import Translation, read_generate_output
 
 
@@ -23,6 +23,17 @@ from fairseq_rope.evaluation.scoring import Translation, read_generate_output
 ])
 def test_loop_start(words, expected):
     assert loop_start(words) == expected
+
+
+@pytest.mark.parametrize("hypothesis, expected", [
+    ("Ein Hund läuft .", None),
+    ("Die Schifffahrt auf dem Fluss .", None),  # three of a letter is spelling, not a loop
+    ("Der Lignnnnnnnn", (1, 1, "character")),
+    ("nahe eines Wahlkampfkampfkampfkampfk", (2, 5, "character")),
+    ("am am am Wahlkampfkampfkampfkampf", (0, 1, "word")),  # a loop of words comes first
+])
+def test_find_loop_sees_loops_inside_a_word(hypothesis, expected):
+    assert find_loop(hypothesis.split()) == expected
 
 
 def test_beam_objective_is_fairseqs_length_normalised_score():
@@ -41,6 +52,18 @@ def test_analyse_tells_search_from_model_errors():
     assert [(c["id"], c["error"], c["loop_start_word"], c["loop_period"]) for c in cases] == [
         (0, "search", 1, 1), (1, "model", 1, 1)]
     assert preferred == 1  # only sentence 0's reference beats its hypothesis
+
+
+def test_analyse_studies_hypotheses_at_the_limit_that_are_no_runaways_by_words():
+    translations = [Translation(0, "a b b b b b b b", -1.0, "s", "a b c", 8),
+                    Translation(1, "Der Lignnnnnnnnnn", -1.0, "s", "Der Mann", 10)]
+    scores = {i: Scored(i, (-0.1,) * 11) for i in (0, 1)}
+    refs = {0: Scored(0, (-5.0,) * 4), 1: Scored(1, (-0.01,) * 3)}
+    cases, _ = analyse(translations, [0], scores, refs, 0.6, at_limit_ids=[0, 1])
+    assert [(c["id"], c["longer_than_ratio"], c["at_length_limit"], c["loop_start_word"], c["loop_unit"],
+             c["error"]) for c in cases] == [(0, True, True, 1, "word", "model"),
+                                             (1, False, True, 1, "character", "search")]
+    assert [runaways.only_at_limit(c) for c in cases] == [False, True]
 
 
 def test_study_of_an_evaluated_run(trained_rope_checkpoint, toy_data_bin, toy_corpus, tmp_path):
@@ -67,7 +90,9 @@ def test_study_of_an_evaluated_run(trained_rope_checkpoint, toy_data_bin, toy_co
     assert study["variants"]["max-len 1.2x+10"]["at_length_limit"] == 0
     assert 0 <= study["references_preferred_overall"] <= 40
     translations = read_generate_output(run / "eval" / "generate-test.txt")
-    assert len(study["cases"]) == study["longer_than_ratio"] <= len(translations)
+    assert study["cases_include_length_limit"]
+    assert len(study["cases"]) >= study["longer_than_ratio"]
+    assert len(study["cases"]) <= study["longer_than_ratio"] + study["at_length_limit"]
 
     out = tmp_path / "report"
     assert runaways.main([str(run), "--out", str(out)]) == 0
@@ -123,18 +148,37 @@ def test_row_summary_counts_what_lies_beyond_the_training_lengths(tmp_path):
     studies[1]["cases"] = [{**studies[1]["cases"][0], "source_words": 12, "loop_start_word": None,
                             "loop_period": None, "hypothesis_words": 20, "error": "search"}]
     assert runaways.row_summary(studies) == [
-        # scale, row, runs, runaways, at limit, with a loop, model, search,
+        # scale, row, runs, runaways, at limit, at the limit only studied, with a loop, model, search,
         # source / loop / hypothesis beyond the training lengths, reference preferred
-        ["multi30k-length", "rope", "2", "3", "0", "2", "2", "1", "2", "2", "2", "4/200"]]
+        ["multi30k-length", "rope", "2", "3", "0", "0 (0 of 2 runs studied)", "2", "2", "1", "2", "2", "2",
+         "4/200"]]
     # A study made before source lengths were recorded cannot say: "—", not 0.
     del studies[0]["cases"][0]["source_words"]
-    assert runaways.row_summary(studies)[0][8] == "—"
+    assert runaways.row_summary(studies)[0][9] == "—"
     text = runaways.render(studies, tmp_path / "runaways")
     assert "| multi30k-length | rope | 2 | 3 |" in text and "multi30k-length rope seed 2" in text
     # Scales are not pooled: the same row at another scale is another line.
     other = _study(tmp_path / "multi30k" / "rope" / "seed1")
     assert [line[:2] for line in runaways.row_summary([other, *studies])] == [
         ["multi30k", "rope"], ["multi30k-length", "rope"]]
+
+
+def test_loops_inside_a_word_are_counted_apart_from_runaways(tmp_path):
+    work = tmp_path / "multi30k"
+    inside = {"id": 7, "longer_than_ratio": False, "at_length_limit": True, "source_words": 9,
+              "reference_words": 8, "hypothesis_words": 2, "loop_start_word": 1, "loop_period": 1,
+              "loop_unit": "character", "hypothesis_objective": -1.0, "reference_objective": -0.5,
+              "error": "search"}
+    new = _study(work / "sinusoidal" / "seed3", cases_include_length_limit=True, at_length_limit=1)
+    new["cases"] = new["cases"] + [inside]
+    old = _study(work / "sinusoidal" / "seed1")
+    summary = runaways.row_summary([old, new])[0]
+    assert summary[3:9] == ["2", "1", "1 (1 of 2 runs studied)", "3", "2", "1"]
+    assert runaways.row_summary([new])[0][5] == "1"
+    text = runaways.render([old, new], tmp_path / "runaways")
+    assert "| multi30k sinusoidal seed 3 | 7 | at the limit only |" in text
+    assert "1 (inside the word, period 1 characters)" in text
+    assert "| multi30k sinusoidal seed 1 | 3 | runaway |" in text  # an old study's case: a runaway
 
 
 def test_a_report_is_rewritten_from_its_json_without_runs(tmp_path, capsys):
