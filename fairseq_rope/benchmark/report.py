@@ -164,7 +164,7 @@ def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
     target_rows = [(t["dtype"], t["target"], t["goal"], optional_ratio(t["median"]),
                     optional_ratio(t["worst"]),
                     ", ".join(f"{k}: {v:.2f}" for k, v in t["by_length"].items()) or "—",
-                    _control(t["control"]), t["status"], t.get("against_control") or "—")
+                    _control(t["control"]), t["status"], t["against_control"] or "—")
                    for t in results["targets"]]
     out += markdown_table(("dtype", "target", "goal", "median over lengths", "worst length", "by length",
                            f"control: {CONTROL} ÷ stock", "status", "against the control"), target_rows)

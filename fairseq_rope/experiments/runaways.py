@@ -176,7 +176,8 @@ def study_run(run_dir: Path, variants: Dict[str, Dict[str, Any]] = VARIANTS) -> 
                                summary["at_length_limit_ids"])
     return {**identify(run_dir), "bleu_tokenized": summary["bleu_tokenized"],
             "longer_than_ratio": summary["longer_than_ratio"], "at_length_limit": summary["at_length_limit"],
-            "cases_include_length_limit": True,
+            # Without P- lines the limit cannot be told, and only runaways by words are studied.
+            "cases_include_length_limit": summary["at_length_limit"] is not None,
             "longest_training_target_words": longest,
             "longest_training_source_words": longest_training_words(data_bin.parent, src), "cases": cases,
             "references_preferred_overall": preferred, "sentences": len(baseline),
@@ -276,8 +277,8 @@ def only_at_limit(case: Dict[str, Any]) -> bool:
 
 
 def _at_limit_only_studied(runs: Sequence[Dict[str, Any]]) -> str:
-    """How many hypotheses at the limit only were studied, and in how many of the runs where a
-    study made before they were included could not have seen them."""
+    """How many hypotheses at the limit only were studied; where some of the runs' studies could
+    not include them (made before they were studied), also how many runs' studies could."""
     count = str(sum(only_at_limit(c) for s in runs for c in s["cases"]))
     covered = sum(bool(s.get("cases_include_length_limit")) for s in runs)
     return count if covered == len(runs) else f"{count} ({covered} of {len(runs)} runs studied)"
