@@ -82,6 +82,11 @@ class Scale:
     length_study: Optional[LengthCorpus] = None
     length_edges: Tuple[int, ...] = ()
     max_train_words: Optional[int] = None
+    #: Another scale whose prepared data this one trains on (the same corpus and vocabulary).
+    data_of: Optional[str] = None
+    #: A scale trained to convergence (its configs' rule) also scores every run at this
+    #: budget: the average of its last 5 checkpoints up to this update.
+    equal_budget: Optional[int] = None
 
     @property
     def bucket_edges(self) -> Tuple[int, ...]:
@@ -112,6 +117,9 @@ MULTI30K_EDGES = (8, 12, 16, 20, 25)
 #: of the training pairs (18,117 of 29,000), and 54 % of test2016.
 MULTI30K_MAX_TRAIN_WORDS = 12
 
+#: The multi30k table's training budget (configs/base/multi30k.yaml, max-update).
+MULTI30K_BUDGET = 1791
+
 SCALES: Dict[str, Scale] = {scale.name: scale for scale in (
     Scale("wmt14", "base", "Transformer-base on WMT14 En→De (newstest2014)", paper_comparable=True,
           data="wmt14"),
@@ -123,6 +131,11 @@ SCALES: Dict[str, Scale] = {scale.name: scale for scale in (
           f"{MULTI30K_MAX_TRAIN_WORDS} English words, tested on all of test2016 (CPU)",
           paper_comparable=False, data="multi30k", length_edges=MULTI30K_EDGES,
           max_train_words=MULTI30K_MAX_TRAIN_WORDS),
+    Scale("multi30k-converged", "multi30k-converged",
+          "the multi30k models trained to convergence (configs/base/multi30k-converged.yaml), "
+          "each also scored at the multi30k budget of 1791 updates, tested on test2016 (CPU)",
+          paper_comparable=False, data="multi30k", length_edges=MULTI30K_EDGES,
+          data_of="multi30k", equal_budget=MULTI30K_BUDGET),
     Scale("demo", "demo", "tiny models on the synthetic demo corpus (CPU)", paper_comparable=False,
           data="demo"),
     Scale("demo-length", "demo",
@@ -163,8 +176,9 @@ def scale_dir(work_dir: PathLike, scale: Scale) -> Path:
 
 
 def data_dir(work_dir: PathLike, scale: Scale) -> Path:
-    """Prepared data of a scale (``prepare_parallel.sh``/``prepare_wmt14_en_de.sh`` output)."""
-    return scale_dir(work_dir, scale) / "data"
+    """Prepared data of a scale (``prepare_parallel.sh``/``prepare_wmt14_en_de.sh`` output),
+    shared with the scale it names in ``data_of``."""
+    return scale_dir(work_dir, get_scale(scale.data_of) if scale.data_of else scale) / "data"
 
 
 def run_dir(work_dir: PathLike, scale: Scale, row: Row, seed: int) -> Path:
