@@ -344,9 +344,11 @@ PATCHES: Tuple[Patch, ...] = (
     Patch(
         name="SAFE_GLOBALS",
         target="torch.serialization safe-globals allowlist",
-        changes="adds argparse.Namespace (torch.serialization.add_safe_globals), process-wide",
+        changes=("adds argparse.Namespace and plain numpy arrays (torch.serialization.add_safe_globals), "
+                 "process-wide"),
         why=("torch >= 2.6 loads with weights_only=True by default, and fairseq checkpoints pickle "
-             "their training args as argparse.Namespace: without it every such checkpoint is refused"),
+             "their training args as argparse.Namespace (and, trained with --eval-bleu, BLEU counts "
+             "as numpy arrays): without it every such checkpoint is refused"),
         expected="torch.serialization.add_safe_globals(safe_globals) and get_safe_globals() (torch >= 2.4)",
         guard=_safe_globals_guard,
         install=_allow_fairseq_checkpoint_globals,

@@ -290,3 +290,21 @@ def test_a_file_that_is_no_checkpoint_is_called_corrupt_not_unsafe(tmp_path):
         load_checkpoint(garbage)
     assert not isinstance(error.value, UnsafeCheckpointError)
     assert f"cannot read checkpoint {garbage}: it is not a torch checkpoint or it is corrupt" in str(error.value)
+
+
+def test_numpy_arrays_of_eval_bleu_load_and_object_arrays_cannot_smuggle_code(tmp_path):
+    """fairseq-train --eval-bleu keeps its BLEU n-gram counts as numpy int arrays in the checkpoint's
+    metrics: they load safely; an object array is refused, so no payload inside one runs."""
+    import numpy as np
+
+    counts = {"extra_state": {"metrics": {"valid": [(0, "_bleu_counts_0", 0, {"val": np.arange(4), "sum": np.ones(4, dtype=np.int64)})]}},
+              "model": {"w": torch.ones(2)}}
+    good = tmp_path / "eval_bleu.pt"
+    torch.save(counts, good)
+    loaded = load_checkpoint(good)["extra_state"]["metrics"]["valid"][0][3]
+    assert loaded["val"].tolist() == [0, 1, 2, 3] and loaded["sum"].dtype == np.int64
+    payload = tmp_path / "object_array.pt"
+    torch.save({"extra_state": {"metrics": np.array([TouchMarker(tmp_path / "PWNED")], dtype=object)}}, payload)
+    with pytest.raises(UnsafeCheckpointError, match="refused to load checkpoint .*object_array.pt"):
+        load_checkpoint(payload)
+    assert not (tmp_path / "PWNED").exists()

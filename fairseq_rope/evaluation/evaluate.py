@@ -3,12 +3,15 @@ with beam 4 / length penalty 0.6, report tokenized compound-split BLEU and
 sacreBLEU (:mod:`fairseq_rope.evaluation.scoring` explains both).
 
 ``fairseq-rope-evaluate SAVE_DIR DATA_BIN [--raw-ref FILE] [--subset test]
-[--num-checkpoints 5] [--detok-lang LANG] [--max-tokens 8192] [--force]
-[-- extra fairseq-generate args...]`` (``scripts/evaluate.sh`` is the same command).
+[--num-checkpoints 5] [--upper-bound N] [--eval-dir eval] [--detok-lang LANG]
+[--max-tokens 8192] [--force] [-- extra fairseq-generate args...]``
+(``scripts/evaluate.sh`` is the same command).
 
 Averages the last N update checkpoints (epoch checkpoints if there are no
-update checkpoints; fewer than N is an error) into
-``SAVE_DIR/checkpoint_avg_lastN.pt`` and decodes it. Writes to ``SAVE_DIR/eval/``:
+update checkpoints; fewer than N is an error), or with ``--upper-bound U`` the
+last N up to update (epoch) U, into ``SAVE_DIR/checkpoint_avg_lastN.pt``
+(``checkpoint_avg_lastN_uptoU.pt``) and decodes it. Writes to ``SAVE_DIR/eval/``
+(``--eval-dir`` names another directory under SAVE_DIR):
 ``generate-SUBSET.txt`` (fairseq-generate's output; its log: ``generate-SUBSET.log``),
 ``hyps.tok.TGT``, ``refs.tok.TGT``, ``hyps.detok.TGT``, ``averaged_checkpoints.txt``
 and ``results.json``. ``--raw-ref`` (untokenized references) defaults to
@@ -64,6 +67,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--raw-ref", help="untokenized references (default: DATA_BIN/../raw/SUBSET.TGT)")
     parser.add_argument("--subset", default="test")
     parser.add_argument("--num-checkpoints", type=int, default=5)
+    parser.add_argument("--upper-bound", type=int, metavar="U",
+                        help="average the last checkpoints up to update (epoch) U, not the last ones")
+    parser.add_argument("--eval-dir", default="eval", help="the results' directory under SAVE_DIR (default: eval)")
     parser.add_argument("--detok-lang", help="Moses detokenizer language (default: the target language)")
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument("--force", action="store_true",
@@ -78,8 +84,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not directory.is_dir():
             print(f"error: no such directory: {directory}", file=sys.stderr)
             return 1
-    eval_dir = args.save_dir / "eval"
-    averaged = args.save_dir / f"checkpoint_avg_last{args.num_checkpoints}.pt"
+    eval_dir = args.save_dir / args.eval_dir
+    bound = "" if args.upper_bound is None else f"_upto{args.upper_bound}"
+    averaged = args.save_dir / f"checkpoint_avg_last{args.num_checkpoints}{bound}.pt"
     if (eval_dir / "results.json").exists() and not args.force:
         print(f"error: {eval_dir}/results.json exists: {args.save_dir} is evaluated already. "
               f"Pass --force to evaluate it again (replaces its eval/ results and {averaged}).", file=sys.stderr)
@@ -97,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         # --force: the averaged checkpoint is this command's own intermediate, redone every time.
         paths = averaging.average_last_checkpoints(args.save_dir, averaged, args.num_checkpoints, "auto",
-                                                   None, force=True)
+                                                   args.upper_bound, force=True)
     except averaging.AveragingError as e:
         return report_error(e)
     print(f"averaged {len(paths)} checkpoints into {averaged}", file=sys.stderr)

@@ -73,7 +73,7 @@ def render(report: Dict[str, Any]) -> str:
              "—" if p["fraction_of_best"] is None else f"{100 * p['fraction_of_best']:.1f} %"]
             for p in report["points"]]
     return "\n".join([
-        f"# BLEU against updates: `{report['save_dir']}`",
+        f"# BLEU against updates: run `{Path(report['save_dir']).name}`",
         "",
         f"Each point: the average of the last {report['window']} checkpoints up to that update, "
         f"decoding `{report['subset']}` with beam {BEAM} and length penalty {LENPEN}, scored as in "

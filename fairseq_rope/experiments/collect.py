@@ -12,7 +12,13 @@ file atomically, into ``docs/results/``:
   commands that produced the runs;
 * ``<scale>_valid_loss.png``: validation loss against updates, every run;
 * ``<scale>_bleu.png``: BLEU per row, error bars over seeds;
-* ``<scale>_bleu_by_length.png`` (``demo-length``): BLEU per source-length bucket.
+* ``<scale>_bleu_by_length.png`` (``demo-length``): BLEU per source-length bucket;
+* at a scale trained to convergence (``multi30k-converged``), the same tables
+  again at the equal budget (the same runs' average of their last 5 checkpoints
+  up to the budget), a convergence table (updates at convergence, updates to
+  95 % and 99 % of sinusoidal's converged valid BLEU) and
+  ``<scale>_valid_bleu.png``: valid BLEU against updates, mean and range over
+  seeds per row.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from fairseq_rope.base import read_lines
 from fairseq_rope.evaluation.report import finish, markdown_table, new_axes, pyplot
 from fairseq_rope.evaluation.scoring import RUNAWAY_RATIO
 from fairseq_rope.evaluation.significance import N_SAMPLES, paired_bootstrap
+from fairseq_rope.experiments.convergence import updates_to_reach
 from fairseq_rope.experiments.table import (
     RECORDS,
     REPO,
@@ -36,6 +43,7 @@ from fairseq_rope.experiments.table import (
     SCALES,
     Row,
     Scale,
+    at_equal_budget,
     config_name,
     finished_runs,
     full_length_scale,
@@ -60,7 +68,8 @@ BLEU_NOTE = (
     "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
     "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second); each run's "
     "threads, CPU and commit are under Runs. Wall time: sum of fairseq-train's 'done training in' over the "
-    "run's invocations."
+    "run's invocations. Updates: those trained, or for a run trained to convergence the update where "
+    "its rule stopped it."
 )
 
 
@@ -136,14 +145,24 @@ def main_table(scale: Scale, runs: Runs) -> List[str]:
                           MISSING, MISSING, MISSING, MISSING, MISSING])
             continue
         lines.append([
-            name, model_cell(row, scale, rs), ", ".join(str(r["seed"]) for r in rs),
+            name, model_cell(row, scale, rs), seeds_cell(rs),
             cell(values(rs, "bleu_tokenized"), _bleu), cell(values(rs, "sacrebleu"), _bleu),
             cell(values(rs, "chrf"), _bleu), row.paper, runaway_cell(rs),
             cell(values(rs, "parameters"), _count), cell(values(rs, "train_tokens_per_second"), _count),
             cell(values(rs, "train_wall_seconds", seconds), lambda v: f"{v:.1f}"),
-            cell(values(rs, "num_updates"), _count),
+            cell([r.get("updates_at_convergence", r.get("num_updates")) for r in rs], _count),
         ])
     return markdown_table(header, lines)
+
+
+def seeds_cell(runs: Sequence[Dict[str, Any]]) -> str:
+    """The seeds, and the device of each when a row's runs trained on more than one (CPU and GPU
+    runs are not pooled silently: every mean of the row then says so)."""
+    seeds = ", ".join(str(r["seed"]) for r in runs)
+    devices = [r.get("train_device") or "unrecorded" for r in runs]
+    if len(set(devices)) < 2:
+        return seeds
+    return f"{seeds} (devices differ, each cell pools them: {', '.join(devices)})"
 
 
 def runaway_counts(run: Dict[str, Any]) -> Tuple[Optional[int], Optional[int]]:
@@ -273,7 +292,8 @@ def _trained_with(run: Dict[str, Any]) -> str:
         return "not recorded"
     commit = run.get("code_commit")
     code = "commit unknown" if not commit else f"`{commit[:10]}`{commit[40:]}"
-    return f"{run['train_threads']} threads, {run.get('train_cpu') or 'CPU unknown'}, {code}"
+    device = f"on {run['train_device']}, " if run.get("train_device") else ""
+    return f"{device}{run['train_threads']} threads, {run.get('train_cpu') or 'CPU unknown'}, {code}"
 
 
 def _optional(value: Optional[float]) -> str:
@@ -440,6 +460,15 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
             out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
     if scale.data != "demo":
         out += ["## Significance", ""] + significance_table(runs) + [""]
+    if scale.equal_budget is not None:
+        at_budget = budget_runs(runs)
+        out += ["## Convergence", ""] + convergence_table(runs) + ["", f"![valid BLEU]({plots['valid_bleu'].name})", ""]
+        out += [f"## The same runs at the equal budget ({scale.equal_budget} updates)", "",
+                f"Each run's average of its last 5 checkpoints up to update {scale.equal_budget}, "
+                "decoded and scored as above: the budget of the fixed-budget table, from the "
+                "trajectories that go on to convergence.", ""]
+        out += main_table(scale, at_budget) + ["", "### Significance at the equal budget", ""]
+        out += significance_table(at_budget) + [""]
     if scale.bucket_edges:
         title = "Length extrapolation" if scale.is_length_study else "BLEU by source length"
         out += [f"## {title}", ""] + length_table(scale, runs)
@@ -450,6 +479,81 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
             out += length_against_full_data(scale, runs, full, recorded_runs(records.parent, full)) + [""]
     out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(runs)
     return "\n".join(out) + "\n"
+
+
+# --- Convergence
+
+
+#: Fractions of the baseline's converged valid BLEU whose first crossing measures convergence speed.
+SPEED_FRACTIONS = (0.95, 0.99)
+
+
+def valid_curve(run: Dict[str, Any]) -> Dict[int, float]:
+    """A run's valid BLEU by update (``--eval-bleu``, single checkpoints)."""
+    return {int(u): float(b) for u, b in run.get("valid_bleu") or []}
+
+
+def baseline_converged_bleu(runs: Runs) -> Optional[float]:
+    """The baseline's converged valid BLEU: the mean over its seeds of the best valid BLEU their rule saw."""
+    best = [r["convergence"]["best_bleu"] for r in runs[BASELINE] if r.get("convergence")]
+    return statistics.fmean(best) if best else None
+
+
+def convergence_table(runs: Runs) -> List[str]:
+    """Per row: the best single-checkpoint valid BLEU and where, the update where the rule stopped,
+    and the updates each run took to first reach 95 % and 99 % of the baseline's converged valid BLEU."""
+    target = baseline_converged_bleu(runs)
+    intro = ["Valid BLEU: fairseq's `--eval-bleu` on `valid` (single checkpoints, beam 4, length "
+             "penalty 0.6, sacreBLEU 13a on Moses-detokenized output), every validation of the run. "
+             "Converged at: the update where the rule stops the run (the test scores above average "
+             "the last 5 checkpoints up to it); best at: the update of its best valid BLEU. "
+             + (f"Updates to X %: the first validation at or above X % of `{BASELINE}`'s converged "
+                f"valid BLEU (the mean of its seeds' best, {target:.2f}); — : never reached."
+                if target is not None else f"Updates to X %: no converged `{BASELINE}` run yet."), ""]
+    header = ["row", "seeds", "best valid BLEU", "best at (updates)", "converged at (updates)",
+              "stopped by"] + [f"updates to {f:.0%}" for f in SPEED_FRACTIONS]
+    lines = []
+    for name in ROWS:
+        rs = [r for r in runs[name] if r.get("convergence")]
+        if not rs:
+            lines.append([name, NOT_RUN] + [MISSING] * (len(header) - 2))
+            continue
+        conv = [r["convergence"] for r in rs]
+        speed = [cell([None if target is None else updates_to_reach(valid_curve(r), f * target) for r in rs],
+                      _count) for f in SPEED_FRACTIONS]
+        lines.append([name, ", ".join(str(r["seed"]) for r in rs),
+                      cell([c["best_bleu"] for c in conv], _bleu), cell([c["best_update"] for c in conv], _count),
+                      cell([c["update"] for c in conv], _count), ", ".join(c["reason"] for c in conv), *speed])
+    return intro + markdown_table(header, lines)
+
+
+def budget_runs(runs: Runs) -> Runs:
+    """The runs as they scored at the equal budget (runs without that evaluation left out)."""
+    return {name: [at_equal_budget(r) for r in rs if r.get("equal_budget")] for name, rs in runs.items()}
+
+
+def plot_valid_bleu(scale: Scale, runs: Runs, path: Path) -> None:
+    """Valid BLEU against updates per row: the mean over the seeds validated at each update, and
+    their range shaded; a vertical line at the equal budget."""
+    fig, ax = new_axes()
+    colors = _row_colors()
+    for name in ROWS:
+        curves = [valid_curve(r) for r in runs[name] if r.get("valid_bleu")]
+        updates = sorted({u for c in curves for u in c})
+        if not updates:
+            continue
+        points = [[c[u] for c in curves if u in c] for u in updates]
+        ax.plot(updates, [statistics.fmean(p) for p in points], color=colors[name],
+                label=f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+        ax.fill_between(updates, [min(p) for p in points], [max(p) for p in points],
+                        color=colors[name], alpha=0.2, linewidth=0)
+    if scale.equal_budget is not None:
+        ax.axvline(scale.equal_budget, color="gray", linestyle="--")
+        ax.text(scale.equal_budget, 0.02, " equal budget", transform=ax.get_xaxis_transform(),
+                color="gray", fontsize="small")
+    finish(fig, ax, path, any(r.get("valid_bleu") for rs in runs.values() for r in rs), xlabel="update",
+           ylabel="valid BLEU (sacreBLEU, single checkpoint)",
+           title=f"Valid BLEU against updates, scale {scale.name} (mean; shaded: range over seeds)")
 
 
 # --- Plots
@@ -556,6 +660,9 @@ def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
     if scale.bucket_edges:
         plots["bleu_by_length"] = out_dir / f"{scale.name}_bleu_by_length.png"
         plot_bleu_by_length(scale, runs, plots["bleu_by_length"])
+    if scale.equal_budget is not None:
+        plots["valid_bleu"] = out_dir / f"{scale.name}_valid_bleu.png"
+        plot_valid_bleu(scale, runs, plots["valid_bleu"])
     table = out_dir / f"{scale.name}.md"
     base.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name))
     return [table, *plots.values()]

@@ -44,14 +44,17 @@ from fairseq_rope.checkpoints import load_checkpoint
 from fairseq_rope.base import report_error, split_passthrough
 from fairseq_rope.data.demo_corpus import write_corpus
 from fairseq_rope.experiments.config import load_experiment, resolve_config
+from fairseq_rope.experiments.convergence import Rule, converged_at
 from fairseq_rope.evaluation.bleu_by_length import length_report
 from fairseq_rope.experiments.length_corpus import write_length_corpus, write_short_pairs
 from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
 from fairseq_rope.data.prepare.pipeline import sha256_file
 from fairseq_rope.evaluation.scoring import infer_language_pair
 from fairseq_rope.experiments.table import (
+    BUDGET_EVAL_DIR,
     DEFAULT_RESULTS_DIR,
     DEFAULT_WORK_DIR,
+    EVAL_DIR,
     ROWS,
     SCALES,
     Row,
@@ -104,6 +107,7 @@ class TrainLog:
     training_seconds: List[float] = field(default_factory=list)
     num_updates: Optional[int] = None
     valid_loss: Dict[int, float] = field(default_factory=dict)  # num_updates -> loss
+    valid_bleu: Dict[int, float] = field(default_factory=dict)  # num_updates -> --eval-bleu's BLEU
 
 
 # --- Steps
@@ -141,16 +145,25 @@ def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) ->
 def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequence[str]) -> Optional[float]:
     """``scripts/train.sh``, resuming ``save_dir``; returns its wall time in seconds.
 
-    A run whose log already reaches ``--max-update`` is left alone (returns
-    None): fairseq-train resuming it would still take one more update and
-    write another checkpoint, changing the run a rerun should only re-report.
+    A run whose log already reaches ``--max-update``, or whose validations
+    already meet its convergence rule (``--patience``, see
+    :mod:`fairseq_rope.experiments.convergence`), is left alone (returns None):
+    fairseq-train resuming it would still take one more update and write
+    another checkpoint, changing the run a rerun should only re-report.
     """
-    max_update = option_value([*load_experiment(config).argv(), *extra], "--max-update")
+    rule = Rule.from_argv([*load_experiment(config).argv(), *extra])
     log_file = save_dir / "train.log"
-    if max_update is not None and log_file.is_file():
-        done = parse_train_log(log_file.read_text(encoding="utf-8").splitlines()).num_updates
-        if done is not None and done >= int(max_update):
-            print(f"{save_dir}: already trained ({done} updates, --max-update {max_update})",
+    if log_file.is_file():
+        log = parse_train_log(log_file.read_text(encoding="utf-8").splitlines())
+        done = log.num_updates
+        if rule.max_update > 0 and done is not None and done >= rule.max_update:
+            print(f"{save_dir}: already trained ({done} updates, --max-update {rule.max_update})",
+                  file=sys.stderr)
+            return None
+        converged = converged_at(log.valid_bleu, rule) if rule.patience > 0 else None
+        if converged is not None:
+            print(f"{save_dir}: already converged at update {converged.update} (--patience "
+                  f"{rule.patience}: best valid BLEU {converged.best_bleu:.2f} at {converged.best_update})",
                   file=sys.stderr)
             return None
     start = time.monotonic()
@@ -158,13 +171,32 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
     return time.monotonic() - start
 
 
-def evaluate(save_dir: Path, data_bin: Path) -> None:
-    """``scripts/evaluate.sh``: average the last 5 checkpoints, decode, score.
+def evaluate(save_dir: Path, data_bin: Path, upper_bound: Optional[int] = None,
+             eval_dir: str = EVAL_DIR) -> None:
+    """``scripts/evaluate.sh``: average the last 5 checkpoints (up to ``upper_bound``), decode,
+    score into ``save_dir/eval_dir``.
 
     ``--force``: called only when training just changed the checkpoints or no
     evaluation finished, so existing results are stale by construction.
     """
-    run_step([*entry_point("evaluation.evaluate"), save_dir, data_bin, "--force"])
+    bound = [] if upper_bound is None else ["--upper-bound", str(upper_bound)]
+    run_step([*entry_point("evaluation.evaluate"), save_dir, data_bin, "--eval-dir", eval_dir, *bound, "--force"])
+
+
+def convergence_of(save_dir: Path, config: Path, extra: Sequence[str]) -> Dict[str, Any]:
+    """Where the run's convergence rule stops it, from its log (TableError if it has not converged:
+    a run of a converged scale stopped by something else, such as a time limit, resumes)."""
+    argv = [*load_experiment(config).argv(), *extra]
+    rule = Rule.from_argv(argv)
+    curve = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines()).valid_bleu
+    converged = converged_at(curve, rule)
+    if converged is None:
+        last = max(curve, default=0)
+        raise TableError(f"{save_dir} has not converged by its rule (patience {rule.patience}, cap "
+                         f"{rule.max_update}; last validation at update {last}): rerun to resume it")
+    return {"patience": rule.patience, "max_update": rule.max_update,
+            "validate_interval_updates": option_value(argv, "--validate-interval-updates"),
+            **converged.to_json()}
 
 
 def entry_point(module: str) -> List[str]:
@@ -187,7 +219,8 @@ def parse_train_log(lines: Iterable[str]) -> TrainLog:
 
     ``train | epoch ...`` lines give wps and num_updates; ``valid | epoch
     ... | valid on 'valid' subset | loss X | ... | num_updates N`` lines the
-    validation loss at update N (a later line for the same update wins);
+    validation loss at update N, and with ``--eval-bleu`` its valid BLEU (a later
+    line for the same update wins);
     ``done training in X seconds`` the training time of each invocation.
     """
     log = TrainLog()
@@ -208,6 +241,8 @@ def parse_train_log(lines: Iterable[str]) -> TrainLog:
                 log.words_per_second.append(float(fields["wps"]))
         elif fields.get("valid") in (None, "on 'valid' subset") and "loss" in fields:
             log.valid_loss[updates] = float(fields["loss"])
+            if "bleu" in fields:
+                log.valid_bleu[updates] = float(fields["bleu"])
     return log
 
 
@@ -252,13 +287,16 @@ def summarize_run(
     row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
     extra: Sequence[str] = (), timer_seconds: Optional[float] = None,
     length: Optional[Dict[str, Any]] = None, provenance: Optional[Mapping[str, Any]] = None,
+    convergence: Optional[Mapping[str, Any]] = None, budget_length: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint.
 
     ``provenance``: :func:`training_provenance` of the invocation that trained
-    (unknown, each None, when not given).
+    (unknown, each None, when not given). A run of a converged scale
+    (``convergence``: :func:`convergence_of`) also gets its valid BLEU curve and,
+    under ``equal_budget``, the scores of its ``eval-budget/`` evaluation.
     """
-    results = _read_json(save_dir / "eval" / "results.json")
+    results = _read_json(save_dir / EVAL_DIR / "results.json")
     log = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
     command = train_command(save_dir)
     model_state = load_checkpoint(results["checkpoint"])["model"]
@@ -275,6 +313,29 @@ def summarize_run(
         **_wall_time(log, timer_seconds),
         **{key: (provenance or {}).get(key) for key in TRAINING_PROVENANCE},
         "num_updates": log.num_updates,
+        **_scores(results),
+        "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
+        "reproduce_command": command_line,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    if length is not None:
+        summary["bleu_by_length"] = length
+    if convergence is not None:
+        budget = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
+        summary.update({
+            "valid_bleu": [[u, bleu] for u, bleu in sorted(log.valid_bleu.items())],
+            "convergence": dict(convergence),
+            "updates_at_convergence": convergence["update"],
+            "equal_budget": {"updates": scale.equal_budget, **_scores(budget),
+                             **({"bleu_by_length": budget_length} if budget_length is not None else {})},
+        })
+    base.write_json(summary_path(save_dir), summary)
+    return summary
+
+
+def _scores(results: Mapping[str, Any]) -> Dict[str, Any]:
+    """What run.json keeps of an evaluation's results.json."""
+    return {
         "bleu_tokenized": results["bleu_tokenized"],
         "sacrebleu": results.get("sacrebleu"),
         "bleu_tokenized_signature": results.get("bleu_tokenized_signature"),
@@ -286,14 +347,7 @@ def summarize_run(
         "raw_reference": results.get("raw_reference"),
         "raw_reference_sha256": _sha256(results.get("raw_reference")),
         "checkpoint": results["checkpoint"],
-        "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
-        "reproduce_command": command_line,
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    if length is not None:
-        summary["bleu_by_length"] = length
-    base.write_json(summary_path(save_dir), summary)
-    return summary
 
 
 def _sha256(path: Optional[str]) -> Optional[str]:
@@ -325,12 +379,12 @@ def _read_json(path: Path) -> Dict[str, Any]:
         return json.load(f)
 
 
-def length_results(scale: Scale, save_dir: Path, data_bin: Path) -> Dict[str, Any]:
+def length_results(scale: Scale, save_dir: Path, data_bin: Path, eval_dir: str = EVAL_DIR) -> Dict[str, Any]:
     """BLEU per source-length bucket (raw English words) of the evaluated test set."""
     assert scale.bucket_edges
-    report = length_report(save_dir / "eval" / "generate-test.txt", scale.bucket_edges,
+    report = length_report(save_dir / eval_dir / "generate-test.txt", scale.bucket_edges,
                            source_file=data_bin.parent / "raw" / "test.en")
-    base.write_json(save_dir / "eval" / "bleu_by_length.json", report)
+    base.write_json(save_dir / eval_dir / "bleu_by_length.json", report)
     return {**report, "max_train_len": scale.max_train_len,
             "longest_training_pair_tokens": longest_training_pair(data_bin)}
 
@@ -339,7 +393,14 @@ def reproduce_row(
     row: Row, scale: Scale, seed: int, work_dir: Path, extra: Sequence[str] = (),
     raw_dir: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Prepare, train, evaluate and summarize one run; returns its run.json."""
+    """Prepare, train, evaluate and summarize one run; returns its run.json.
+
+    At a converged scale the run first trains to the scale's equal budget, whose
+    last 5 checkpoints are averaged and scored into ``eval-budget/`` before
+    training goes on (and deletes them), then to its convergence rule; ``eval/``
+    then holds the average of the last 5 checkpoints up to the update where the
+    rule stops it. Both come from one trajectory: a run resumes bit-identically.
+    """
     bad = [arg for arg in extra if arg.split("=", 1)[0] in RESERVED_EXTRA]
     if bad:
         raise TableError(f"{bad[0]} cannot be an extra fairseq-train argument: "
@@ -350,26 +411,39 @@ def reproduce_row(
     config = resolve_config(config_name(row, scale))
     data_bin = prepare_data(scale, work_dir, raw_dir)
     save_dir = run_dir(work_dir, scale, row, seed)
-    seconds = train(config, data_bin, save_dir, seed, extra)
-    if seconds is not None or not (save_dir / "eval" / "results.json").is_file():
-        evaluate(save_dir, data_bin)
+    trained, convergence, budget_length = [], None, None
+    if scale.equal_budget is not None:
+        budget = scale.equal_budget
+        trained.append(train(config, data_bin, save_dir, seed, [*extra, "--max-update", str(budget)]))
+        if trained[-1] is not None or not (save_dir / BUDGET_EVAL_DIR / "results.json").is_file():
+            evaluate(save_dir, data_bin, upper_bound=budget, eval_dir=BUDGET_EVAL_DIR)
+        budget_length = length_results(scale, save_dir, data_bin, BUDGET_EVAL_DIR) if scale.bucket_edges else None
+    trained.append(train(config, data_bin, save_dir, seed, extra))
+    if scale.equal_budget is not None:
+        convergence = convergence_of(save_dir, config, extra)
+    seconds = None if all(t is None for t in trained) else sum(t or 0.0 for t in trained)
+    if seconds is not None or not (save_dir / EVAL_DIR / "results.json").is_file():
+        evaluate(save_dir, data_bin, upper_bound=convergence["update"] if convergence else None)
     length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
     command = reproduce_command(row, scale, seed, extra, work_dir)
     # A rerun that did not train keeps what the training invocation recorded, if anything.
     previous = summary_path(save_dir)
-    provenance = (training_provenance() if seconds is not None
+    provenance = (training_provenance([*load_experiment(config).argv(), *extra]) if seconds is not None
                   else _read_json(previous) if previous.is_file() else None)
-    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, provenance)
+    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, provenance,
+                         convergence=convergence, budget_length=budget_length)
 
 
 #: What a run's speed and numbers depend on beyond its command, as run.json keys.
-TRAINING_PROVENANCE = ("train_threads", "train_cpu", "code_commit")
+TRAINING_PROVENANCE = ("train_threads", "train_cpu", "code_commit", "train_device")
 
 
-def training_provenance() -> Dict[str, Any]:
-    """The threads, CPU and plugin commit of this invocation's training: fairseq-train inherits
-    this process's OMP_NUM_THREADS and runs the plugin it imports, so they are its own."""
-    return dict(zip(TRAINING_PROVENANCE, (torch.get_num_threads(), base.cpu_model(), base.git_commit())))
+def training_provenance(command: Sequence[str] = ()) -> Dict[str, Any]:
+    """The threads, CPU, plugin commit and device of this invocation's training (``command``: its
+    fairseq-train arguments): fairseq-train inherits this process's OMP_NUM_THREADS and runs the
+    plugin it imports, so they are its own; it trains on the first GPU unless told ``--cpu``."""
+    device = "cpu" if "--cpu" in command or not torch.cuda.is_available() else torch.cuda.get_device_name(0)
+    return dict(zip(TRAINING_PROVENANCE, (torch.get_num_threads(), base.cpu_model(), base.git_commit(), device)))
 
 
 # --- Command line

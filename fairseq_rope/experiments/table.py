@@ -16,12 +16,14 @@ Layout of a work directory (default ``work/`` in the repository)::
     <work>/<scale>/data/                prepared data: raw/, tok/, bpe/, data-bin/
     <work>/<scale>/<row>/seed<N>/       checkpoints, train.log, command.txt
     <work>/<scale>/<row>/seed<N>/eval/  results.json, run.json (the run's summary)
+    <work>/<scale>/<row>/seed<N>/eval-budget/  a converged scale's run at the equal budget
 
 and of a results directory (default ``docs/results/``, committed)::
 
     <results>/<scale>.md, *.png         the table and plots of a scale
     <results>/runs/<scale>/<row>/seed<N>/   a finished run's record: run.json,
-                                        command.txt, hyps.detok.<tgt>.gz
+                                        command.txt, hyps.detok.<tgt>.gz (and
+                                        budget.hyps.detok.<tgt>.gz at the equal budget)
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ DEFAULT_RESULTS_DIR = REPO / "docs" / "results"
 #: Under a results directory: the records of finished runs, by scale, row and seed.
 RECORDS = "runs"
 RUN_SUMMARY = "run.json"
+#: A run's evaluations, under its run directory: the table's, and at a converged scale the
+#: equal-budget one; and the prefix of their test hypotheses in a record.
+EVAL_DIR = "eval"
+BUDGET_EVAL_DIR = "eval-budget"
+RECORDED_HYPOTHESES = {EVAL_DIR: "", BUDGET_EVAL_DIR: "budget."}
 
 
 class TableError(FairseqRopeError, ValueError):
@@ -230,24 +237,37 @@ def save_record(run: Path, record: Path) -> None:
     for source in (run / "eval" / RUN_SUMMARY, run / "command.txt"):
         if source.is_file():
             base.write_text(record / source.name, source.read_text(encoding="utf-8"))
-    for hyps in (run / "eval").glob("hyps.detok.*"):
-        with base.atomic_path(record / f"{hyps.name}.gz") as tmp:
-            # No name and mtime 0 in the header: the same hypotheses give the same
-            # bytes (the temporary file's name would differ each time), so git sees no change.
-            with open(hyps, "rb") as src, open(tmp, "wb") as raw, \
-                    gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as dst:
-                shutil.copyfileobj(src, dst)
+    for evaluation, prefix in RECORDED_HYPOTHESES.items():
+        for hyps in (run / evaluation).glob("hyps.detok.*"):
+            with base.atomic_path(record / f"{prefix}{hyps.name}.gz") as tmp:
+                # No name and mtime 0 in the header: the same hypotheses give the same
+                # bytes (the temporary file's name would differ each time), so git sees no change.
+                with open(hyps, "rb") as src, open(tmp, "wb") as raw, \
+                        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as dst:
+                    shutil.copyfileobj(src, dst)
 
 
 def record_hypotheses(run: Mapping[str, Any]) -> Optional[List[str]]:
-    """A run's detokenized test hypotheses, from its record or its evaluation; None if neither has them."""
+    """A run's detokenized test hypotheses, from its record or its evaluation; None if neither has
+    them. ``run["evaluation"]`` names the evaluation (default ``eval``; :func:`at_equal_budget`)."""
     run_dir = Path(run["run_dir"])
-    for path in sorted(run_dir.glob("hyps.detok.*.gz")):
+    evaluation = run.get("evaluation", EVAL_DIR)
+    for path in sorted(run_dir.glob(f"{RECORDED_HYPOTHESES[evaluation]}hyps.detok.*.gz")):
         with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
             return f.read().splitlines()
-    for path in sorted((run_dir / "eval").glob("hyps.detok.*")):
+    for path in sorted((run_dir / evaluation).glob("hyps.detok.*")):
         return path.read_text(encoding="utf-8").splitlines()
     return None
+
+
+def at_equal_budget(run: Mapping[str, Any]) -> Dict[str, Any]:
+    """A run of a converged scale as it scored at the equal budget: its ``equal_budget`` scores in
+    place of the converged ones, so that every table of runs applies unchanged (its wall time,
+    that of the whole run, is left out)."""
+    at_budget = {**run, **run["equal_budget"], "num_updates": run["equal_budget"]["updates"],
+                 "train_wall_seconds": None, "evaluation": BUDGET_EVAL_DIR}
+    at_budget.pop("updates_at_convergence", None)
+    return at_budget
 
 
 def _read_run(path: Path, name: str, scale: Scale) -> Dict[str, Any]:

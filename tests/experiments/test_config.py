@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fairseq_rope.experiments import config as experiment
+from fairseq_rope.evaluation.decoding import TABLE_DECODING
 from fairseq_rope.experiments.config import ConfigError, load_experiment, options_to_argv, training_argv
 
 from fairseq_rope.base import PLUGIN_DIR
@@ -145,7 +146,23 @@ def test_every_shipped_config_parses_with_fairseq(name, tmp_path):
     # Enough update checkpoints survive for averaging the last 5.
     assert args.save_interval_updates > 0 and args.keep_interval_updates >= 5
     assert args.max_update >= 5 * args.save_interval_updates
-    assert not getattr(args, "eval_bleu", False)
+    # Validation decodes only where a convergence rule needs valid BLEU.
+    assert getattr(args, "eval_bleu", False) == name.endswith("-converged")
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n.endswith("-converged")])
+def test_the_convergence_rule_validates_as_the_tables_decode(name, tmp_path):
+    """Valid BLEU decodes like the test set (beam 4, lenpen 0.6, max length 200), scores BPE-removed,
+    Moses-detokenized German, picks the best checkpoint by it, and keeps enough checkpoints to
+    average the last 5 up to where the rule stops a resumed run that trained past it."""
+    args = parse_fairseq(training_argv(load_experiment(name), tmp_path / "data-bin", tmp_path / "save"))
+    assert json.loads(args.eval_bleu_args) == TABLE_DECODING
+    assert args.eval_bleu_remove_bpe == "@@ " and not args.eval_tokenized_bleu
+    assert args.eval_bleu_detok == "moses" and json.loads(args.eval_bleu_detok_args) == {"target_lang": "de"}
+    assert args.best_checkpoint_metric == "bleu" and args.maximize_best_checkpoint_metric
+    assert args.validate_interval_updates == args.save_interval_updates == 199  # the multi30k checkpoints
+    assert args.keep_interval_updates >= args.patience + 5
+    assert args.no_epoch_checkpoints
 
 
 def test_rope_base_is_the_paper_recipe(tmp_path):

@@ -4,6 +4,7 @@ prepare, one command per cell, collect (significance, chrF, runaways, BLEU by le
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from fairseq_rope.experiments import reproduce
 from fairseq_rope.data.prepare import multi30k
@@ -53,3 +54,42 @@ def test_cells_of_both_multi30k_scales_and_their_tables(tmp_path, monkeypatch):
     assert len((corpus / "test.en").read_text().splitlines()) == 25
     reproduce.collect.collect(SCALES["multi30k-length"], work, results)
     assert "## Length extrapolation" in (results / "multi30k-length.md").read_text()
+
+
+def test_a_converged_cell_scores_the_equal_budget_on_the_fixed_budget_trajectory(tmp_path, monkeypatch):
+    """multi30k-converged, shrunk to an equal budget of 6 updates and a cap of 10: its eval-budget/
+    is the multi30k cell of the same seed trained for 6 updates (the same hypotheses: one
+    trajectory, stopped and resumed), and its eval/ averages the last 5 checkpoints up to the cap."""
+    table, _ = write_multi30k_release(tmp_path / "raw")
+    monkeypatch.setattr(multi30k, "TASK1", table)
+    monkeypatch.setitem(SCALES, "multi30k-converged", replace(SCALES["multi30k-converged"], equal_budget=6))
+    work, results = tmp_path / "work", tmp_path / "results"
+    prepared = run_cli("multi30k", "--raw-dir", tmp_path / "raw", "--offline", "--vocab-size", TINY_VOCAB,
+                       "--workers", 1, work / "multi30k" / "data")
+    assert prepared.rc == 0, prepared.err
+    assert reproduce.main(["rope", "--scale", "multi30k", "--seed", "1", "--work-dir", str(work), *SHORT_RUN]) == 0
+    converged_run = [*SHORT_RUN, "--max-update", "10", "--patience", "0", "--validate-interval-updates", "1"]
+    assert reproduce.main(["rope", "--scale", "multi30k-converged", "--seed", "1", "--work-dir", str(work),
+                           *converged_run]) == 0
+
+    run = work / "multi30k-converged" / "rope" / "seed1"
+    summary = json.loads((run / "eval" / "run.json").read_text())
+    assert [u for u, _ in summary["valid_bleu"]] == list(range(1, 11))  # every validation, scored
+    assert summary["convergence"]["reason"] == "cap" and summary["updates_at_convergence"] == 10
+    assert summary["num_updates"] == 10 and summary["equal_budget"]["updates"] == 6
+    averaged = {where: [line.rsplit("_", 1)[1] for line in (run / where / "averaged_checkpoints.txt").read_text().split()]
+                for where in ("eval", "eval-budget")}
+    assert averaged == {"eval": ["6.pt", "7.pt", "8.pt", "9.pt", "10.pt"],
+                        "eval-budget": ["2.pt", "3.pt", "4.pt", "5.pt", "6.pt"]}
+    fixed_budget = work / "multi30k" / "rope" / "seed1" / "eval"
+    assert (run / "eval-budget" / "hyps.detok.de").read_text() == (fixed_budget / "hyps.detok.de").read_text()
+    assert summary["equal_budget"]["bleu_tokenized"] == json.loads((fixed_budget / "run.json").read_text())["bleu_tokenized"]
+
+    # A rerun trains nothing (converged by the cap) and reports the same.
+    assert reproduce.main(["rope", "--scale", "multi30k-converged", "--seed", "1", "--work-dir", str(work),
+                           *converged_run]) == 0
+    assert "done training" not in (run / "train.log").read_text().split("# ")[-1]
+    reproduce.collect.collect(SCALES["multi30k-converged"], work, results)
+    md = (results / "multi30k-converged.md").read_text()
+    assert "## Convergence" in md and "## The same runs at the equal budget (6 updates)" in md
+    assert (results / "runs" / "multi30k-converged" / "rope" / "seed1" / "budget.hyps.detok.de.gz").is_file()

@@ -60,6 +60,8 @@ def test_every_scale_has_a_config_per_row():
     ("demo", "rpe", "transformer_rpe_tiny"), ("demo", "rope", "transformer_rope_tiny"),
     ("multi30k", "sinusoidal", "transformer_wmt_en_de"), ("multi30k", "learned", "transformer_wmt_en_de"),
     ("multi30k", "rpe", "transformer_rpe_wmt_en_de"), ("multi30k", "rope", "transformer_rope_wmt_en_de"),
+    ("multi30k-converged", "sinusoidal", "transformer_wmt_en_de"),
+    ("multi30k-converged", "rope", "transformer_rope_wmt_en_de"),
 ])
 def test_row_config_builds_through_fairseq(dict_dir, size, row, arch):
     argv = config(row, size).argv()
@@ -69,7 +71,7 @@ def test_row_config_builds_through_fairseq(dict_dir, size, row, arch):
     dims = (len(model.encoder.layers), len(model.decoder.layers), layer.embed_dim,
             layer.fc1.out_features, layer.self_attn.num_heads, layer.dropout_module.p)
     assert dims == {"base": (6, 6, 512, 2048, 8, 0.1), "demo": (2, 2, 64, 64, 2, 0.1),
-                    "multi30k": (3, 3, 256, 1024, 4, 0.3)}[size]
+                    "multi30k": (3, 3, 256, 1024, 4, 0.3), "multi30k-converged": (3, 3, 256, 1024, 4, 0.3)}[size]
     assert len(model.decoder.layers) == len(model.encoder.layers)
     assert model.decoder.layers[0].fc1.out_features == layer.fc1.out_features
     learned = row == "learned"
@@ -112,12 +114,12 @@ def _arch_and_argv(row: str, size: str):
 def test_unknown_row_or_scale_is_a_clear_error(capsys):
     with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope"):
         get_row("absolute")
-    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, demo, demo-length"):
+    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length"):
         get_scale("wmt16")
     assert reproduce.main(["absolute", "--scale", "demo"]) == 2
     assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope" in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
-    assert "valid scales: wmt14, multi30k, multi30k-length, demo, demo-length" in capsys.readouterr().err
+    assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
 
 
 def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
@@ -125,7 +127,7 @@ def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
     assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope "
             "(or `collect` to make the table)") in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
-    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, demo, demo-length" in capsys.readouterr().err
+    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
@@ -134,7 +136,8 @@ def test_evaluation_is_forced_because_reproduce_decides_when_to_evaluate(tmp_pat
     ran = []
     monkeypatch.setattr(reproduce, "run_step", ran.append)
     reproduce.evaluate(tmp_path / "run", tmp_path / "bin")
-    assert ran == [[*reproduce.entry_point("evaluation.evaluate"), tmp_path / "run", tmp_path / "bin", "--force"]]
+    assert ran == [[*reproduce.entry_point("evaluation.evaluate"), tmp_path / "run", tmp_path / "bin",
+                    "--eval-dir", "eval", "--force"]]
 
 
 def test_extra_args_cannot_redirect_seed_or_save_dir(tmp_path):
@@ -157,8 +160,8 @@ def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: calls.append("prepare") or work / "bin")
     monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", a)) or 1.0)
-    monkeypatch.setattr(reproduce, "evaluate", lambda *a: calls.append("evaluate"))
-    monkeypatch.setattr(reproduce, "summarize_run", lambda *a: calls.append("summarize") or {})
+    monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: calls.append("evaluate"))
+    monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: calls.append("summarize") or {})
     reproduce.reproduce_row(ROWS["learned"], SCALES["wmt14"], 7, tmp_path, ["--fp16"])
     config_path, data_bin, save_dir, seed, extra = calls[1][1]
     assert calls[0] == "prepare" and calls[2:] == ["evaluate", "summarize"]
@@ -172,20 +175,21 @@ def test_threads_cpu_and_commit_are_recorded_by_the_invocation_that_trained(tmp_
     trained = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "bin")
     monkeypatch.setattr(reproduce, "train", lambda *a: trained.pop() if trained else None)
-    monkeypatch.setattr(reproduce, "evaluate", lambda *a: None)
-    monkeypatch.setattr(reproduce, "summarize_run", lambda *a: {
+    monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: None)
+    monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: {
         key: (a[-1] or {}).get(key) for key in reproduce.TRAINING_PROVENANCE})
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     trained.append(60.0)
     now = reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)
     assert now["train_threads"] == 3 and now["train_cpu"] and now["code_commit"]  # a git checkout
+    assert now["train_device"] == "cpu"  # the demo configs train with --cpu
     save = run_dir(tmp_path, SCALES["demo"], ROWS["rope"], 1)
     (save / "eval").mkdir(parents=True)
     (save / "eval" / "results.json").write_text("{}")
     assert set(reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path).values()) == {None}
     earlier = {"train_threads": 2, "train_cpu": "then", "code_commit": "abc"}
     summary_path(save).write_text(json.dumps(earlier))
-    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path) == earlier
+    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path) == {**earlier, "train_device": None}
 
 
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
@@ -555,3 +559,129 @@ def test_multi30k_length_against_the_same_rows_trained_on_all_lengths(tmp_path):
     assert table_line(lengths, "rope") == "| rope | 1.000 | 1.020 | 0.800 | 0.500 |"
     assert "multi30k not run" in table_line(section, "sinusoidal")
     assert "| learned | not run |" in table_line(section, "learned") + "|"
+
+
+# --- The converged scale
+
+
+CONVERGED_LOG = """\
+# 2026-01-01T00:00:00 host in /repo: fairseq-train ... --max-update 1791
+2026-01-01 00:10:00 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 8.154 | nll_loss 7.282 | ppl 155.63 | bleu 4.64 | wps 551.6 | wpb 2650 | bsz 168 | num_updates 199
+2026-01-01 00:20:00 | INFO | valid | epoch 004 | valid on 'valid' subset | loss 6.1 | bleu 13.89 | num_updates 398 | best_bleu 13.89
+2026-01-01 00:30:00 | INFO | valid | epoch 005 | valid on 'valid' subset | loss 5.9 | bleu 13.5 | num_updates 597 | best_bleu 13.89
+2026-01-01 00:40:00 | INFO | valid | epoch 007 | valid on 'valid' subset | loss 5.8 | bleu 13.89 | num_updates 796 | best_bleu 13.89
+"""
+
+
+def test_parse_train_log_reads_valid_bleu():
+    log = reproduce.parse_train_log(CONVERGED_LOG.splitlines())
+    assert log.valid_bleu == {199: 4.64, 398: 13.89, 597: 13.5, 796: 13.89}
+    assert log.valid_loss[199] == 8.154 and log.num_updates == 796
+    assert reproduce.parse_train_log(TRAIN_LOG.splitlines()).valid_bleu == {}  # no --eval-bleu
+
+
+def test_a_converged_run_is_not_trained_again(tmp_path, monkeypatch):
+    """Patience 2 is met at update 796 (two validations without a new best, a tie included)."""
+    ran = []
+    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    config = Path(load_experiment("rope_multi30k-converged").path)
+    (tmp_path / "train.log").write_text(CONVERGED_LOG)
+    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--patience", "2"]) is None
+    assert reproduce.convergence_of(tmp_path, config, ["--patience", "2"]) == {
+        "patience": 2, "max_update": int(load_experiment(config).train["max-update"]),
+        "validate_interval_updates": "199", "update": 796, "reason": "patience",
+        "best_update": 398, "best_bleu": 13.89}
+    assert not ran
+    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--patience", "3"]) >= 0  # resumes
+    with pytest.raises(TableError, match="has not converged by its rule .patience 3.*last validation at update 796"):
+        reproduce.convergence_of(tmp_path, config, ["--patience", "3"])
+
+
+def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, monkeypatch):
+    """Train to 1791, average the last 5 checkpoints up to it into eval-budget/, train on to the
+    rule, then average the last 5 up to where the rule stopped into eval/."""
+    calls = []
+    monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "multi30k" / "data" / "data-bin")
+    monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", list(a[4]))) or 1.0)
+    monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: calls.append(("evaluate", k)))
+    monkeypatch.setattr(reproduce, "length_results", lambda scale, save, data, where="eval": calls.append(("length", where)))
+    monkeypatch.setattr(reproduce, "convergence_of", lambda *a: {"update": 4179})
+    monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: calls.append(("summarize", k)) or {})
+    reproduce.reproduce_row(ROWS["rope"], SCALES["multi30k-converged"], 2, tmp_path, ["--patience", "3"])
+    assert calls == [
+        ("train", ["--patience", "3", "--max-update", "1791"]),
+        ("evaluate", {"upper_bound": 1791, "eval_dir": "eval-budget"}),
+        ("length", "eval-budget"),
+        ("train", ["--patience", "3"]),
+        ("evaluate", {"upper_bound": 4179}),
+        ("length", "eval"),
+        ("summarize", {"convergence": {"update": 4179}, "budget_length": None}),
+    ]
+    # The data of the multi30k table: one preparation for both scales.
+    assert reproduce.data_dir(tmp_path, SCALES["multi30k-converged"]) == tmp_path / "multi30k" / "data"
+
+
+def write_converged_run(work: Path, row: str, seed: int, converged: float, budget: float,
+                        curve: Dict[int, float], stop: int, hyps: str, budget_hyps: str, reference: Path) -> Path:
+    """A fake finished run of the converged scale with its valid BLEU curve and both evaluations."""
+    save = write_run(work, "multi30k-converged", row, seed, bleu=converged, sacre=converged - 0.5)
+    for where, text in (("eval", hyps), ("eval-budget", budget_hyps)):
+        (save / where).mkdir(exist_ok=True)
+        (save / where / "hyps.detok.de").write_text(text)
+    summary = json.loads(summary_path(save).read_text())
+    sha = reproduce.sha256_file(reference)
+    best = max(b for u, b in curve.items() if u <= stop)
+    summary.update({
+        "raw_reference": str(reference), "raw_reference_sha256": sha, "train_device": "cpu",
+        "valid_bleu": [[u, b] for u, b in sorted(curve.items())],
+        "convergence": {"patience": 3, "max_update": 5970, "update": stop, "reason": "patience",
+                        "best_update": min(u for u, b in curve.items() if b == best), "best_bleu": best},
+        "updates_at_convergence": stop,
+        "equal_budget": {"updates": 1791, "bleu_tokenized": budget, "sacrebleu": budget - 0.5, "chrf": 50.0,
+                         "raw_reference": str(reference), "raw_reference_sha256": sha},
+    })
+    summary_path(save).write_text(json.dumps(summary))
+    return save
+
+
+def test_collect_a_converged_scale(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    reference = tmp_path / "test.de"
+    refs = [f"ein Hund {i} läuft über die grüne Wiese ." for i in range(40)]
+    reference.write_text("\n".join(refs) + "\n")
+    good = "\n".join(refs) + "\n"
+    poor = "\n".join(f"ein Hund {i} läuft" for i in range(40)) + "\n"
+    sinusoidal = {199 * k: v for k, v in enumerate([10.0, 20.0, 30.0, 36.0, 38.0, 40.0, 39.5, 39.0, 39.8], 1)}
+    rope = {199 * k: v for k, v in enumerate([15.0, 30.0, 38.5, 39.7, 40.2, 40.1, 39.9, 40.0], 1)}
+    write_converged_run(work, "sinusoidal", 1, 40.0, 35.0, sinusoidal, 1791, good, poor, reference)
+    write_converged_run(work, "rope", 1, 39.0, 37.0, rope, 1592, poor, good, reference)
+    written = collect.collect(SCALES["multi30k-converged"], work, out)
+    assert [p.name for p in written][-1] == "multi30k-converged_valid_bleu.png"
+    for png in written[1:]:
+        assert_png(png)
+    md = (out / "multi30k-converged.md").read_text()
+    # Records keep both evaluations' hypotheses.
+    record = out / "runs" / "multi30k-converged" / "rope" / "seed1"
+    assert {p.name for p in record.glob("*.gz")} == {"hyps.detok.de.gz", "budget.hyps.detok.de.gz"}
+    converged, budget = md.split("## The same runs at the equal budget (1791 updates)")
+    # Converged: rope's poor hypotheses against sinusoidal's good ones; at the budget the other way round.
+    assert "| 40.00 |" in table_line(converged, "sinusoidal") and "| 39.00 |" in table_line(converged, "rope")
+    assert "| 35.00 |" in table_line(budget, "sinusoidal") and "| 37.00 |" in table_line(budget, "rope")
+    assert "| 1,791 |" in table_line(budget, "rope")  # updates: the budget
+    significance = [line for line in md.splitlines() if line.startswith("| rope | 1 |") and "→" in line]
+    assert len(significance) == 2 and "| 100.00 → 28.65 | 0.001 * |" in significance[0]
+    assert "| 28.65 → 100.00 | 0.001 * |" in significance[1]
+    # Convergence: best valid BLEU and where, where the rule stopped, and the updates to 95 % and
+    # 99 % of sinusoidal's converged valid BLEU (40.0: 38.0 and 39.6).
+    line = table_line(converged.split("## Convergence")[1], "rope")
+    assert line == "| rope | 1 | 40.20 | 995 | 1,592 | patience | 597 | 796 |"
+    line = table_line(converged.split("## Convergence")[1], "sinusoidal")
+    assert line == "| sinusoidal | 1 | 40.00 | 1,194 | 1,791 | patience | 995 | 1,194 |"
+    assert "not run" in table_line(converged.split("## Convergence")[1], "rpe")
+    assert "![valid BLEU](multi30k-converged_valid_bleu.png)" in md
+
+
+def test_runs_of_one_row_on_different_devices_say_so():
+    runs = [{"seed": 1, "train_device": "cpu"}, {"seed": 2, "train_device": "NVIDIA H100"}]
+    assert collect.seeds_cell(runs) == "1, 2 (devices differ, each cell pools them: cpu, NVIDIA H100)"
+    assert collect.seeds_cell([{"seed": 1, "train_device": "cpu"}, {"seed": 3, "train_device": "cpu"}]) == "1, 3"
