@@ -13,7 +13,7 @@ refuses (raises :class:`PatchError`, which stops the import) or warns
 * the safe-loading patches (``SAFE_GLOBALS``, ``SAFE_LOADER``) refuse: skipped
   silently they would leave checkpoints loading unsafely or not at all, and
   only the user may choose that, with the opt-out variable;
-* the resume patches (``ATOMIC_COPY``, ``RESUME_BATCHES``) warn and skip:
+* the resume patches (``BROADCAST_LOAD``, ``ATOMIC_COPY``, ``RESUME_BATCHES``) warn and skip:
   without them fairseq behaves as it does without the plugin, so the models
   stay usable; only a resumed training run may differ.
 
@@ -25,7 +25,7 @@ Resume fixes
 fairseq resumes from ``checkpoint_last.pt`` with the model, optimizer and lr
 schedule state and the position in the epoch, and reseeds torch before every
 update (``seed + num_updates``), so dropout masks do not depend on when the
-process started. Two things still broke a resume:
+process started. Three things still broke a resume:
 
 1. **A truncated checkpoint_last.pt.** fairseq writes the first file of a save
    atomically (``NAME.tmp``, then rename) but makes the others,
@@ -47,7 +47,14 @@ process started. Two things still broke a resume:
    every epoch (sharded data, ``rebuild_batches`` tasks) already agree between
    the two runs and are left alone.
 
-With both, a run SIGKILLed at any point and rerun unchanged ends, on CPU, with
+3. **Every rank but 0 of a multi-process run.** Rank 0 loads the checkpoint
+   and broadcasts its state (``broadcast_object``); the other ranks unpickle it
+   with ``torch.load`` and torch's ``weights_only`` default, which refuses the
+   ``DictConfig`` fairseq made of the args. Those bytes are no file: rank 0
+   pickled them from memory after loading the file safely, so
+   ``fairseq.distributed.utils`` (only) reads them in full (``BROADCAST_LOAD``).
+
+With the first two, a run SIGKILLed at any point and rerun unchanged ends, on CPU, with
 the same bits as a run never interrupted (``tests/test_resume.py``).
 
 ``RESUME_BATCHES`` is on by default, for every task trained with the plugin,
@@ -196,15 +203,16 @@ def weights_only_load(f: Any, *args: Any, **kwargs: Any) -> Any:
     return torch.load(f, *args, **kwargs)
 
 
-class WeightsOnlyTorch(types.ModuleType):
-    """``torch`` as fairseq's ``checkpoint_utils`` sees it: the same module, but ``load``
-    is :func:`weights_only_load`. Installed only as that module's global ``torch``; torch
-    itself and every other module keep the real ``torch.load``."""
+class TorchWithLoad(types.ModuleType):
+    """``torch`` as one fairseq module sees it: the same module, but another ``load``.
+    Installed only as that module's global ``torch``; torch itself and every other module
+    keep the real ``torch.load``."""
 
-    def __init__(self, module: types.ModuleType) -> None:
+    def __init__(self, module: types.ModuleType, load: Callable[..., Any], seen_by: str) -> None:
         super().__init__(module.__name__, module.__doc__)
         self._torch = module
-        self.load = weights_only_load
+        self._seen_by = seen_by
+        self.load = load
 
     def __getattr__(self, name: str) -> Any:  # only for what the instance lacks: all but load
         module = self.__dict__.get("_torch")
@@ -213,7 +221,13 @@ class WeightsOnlyTorch(types.ModuleType):
         return getattr(module, name)
 
     def __repr__(self) -> str:
-        return f"<module 'torch' as fairseq.checkpoint_utils sees it: load is {__name__}.weights_only_load>"
+        return f"<module 'torch' as {self._seen_by} sees it: load is {__name__}.{self.load.__name__}>"
+
+
+def _torch_seen_by(module: types.ModuleType, load: Callable[..., Any]) -> bool:
+    """Whether ``module``'s global ``torch`` is torch with ``load`` as its load."""
+    seen = getattr(module, "torch", None)
+    return isinstance(seen, TorchWithLoad) and seen.load is load
 
 
 _LOAD_CHECKPOINT_PARAMETERS = ("path", "arg_overrides", "load_on_all_ranks")
@@ -227,7 +241,7 @@ def _safe_loader_guard() -> Optional[str]:
     names = getattr(getattr(inspect.unwrap(load), "__code__", None), "co_names", ())
     if "torch" not in names or "load" not in names:
         return "a function that does not call torch.load through its module's global torch"
-    if checkpoint_utils.torch is not torch and not isinstance(checkpoint_utils.torch, WeightsOnlyTorch):
+    if checkpoint_utils.torch is not torch and not _torch_seen_by(checkpoint_utils, weights_only_load):
         return f"fairseq.checkpoint_utils.torch = {checkpoint_utils.torch!r}"
     return None
 
@@ -244,16 +258,64 @@ def _safe_fairseq_loader(load: Callable[..., Dict[str, Any]]) -> Callable[..., D
 
 def _install_safe_loader() -> None:
     # fairseq's loader reads the file with its module global ``torch``: make that one safe.
-    if not isinstance(checkpoint_utils.torch, WeightsOnlyTorch):
-        checkpoint_utils.torch = WeightsOnlyTorch(torch)
+    if not _torch_seen_by(checkpoint_utils, weights_only_load):
+        checkpoint_utils.torch = TorchWithLoad(torch, weights_only_load, "fairseq.checkpoint_utils")
     # Callers look the function up on the module (checkpoint_utils.load_checkpoint_to_cpu).
     if not _marked(checkpoint_utils.load_checkpoint_to_cpu, "SAFE_LOADER"):
         checkpoint_utils.load_checkpoint_to_cpu = _safe_fairseq_loader(checkpoint_utils.load_checkpoint_to_cpu)
 
 
 def _safe_loader_active() -> bool:
-    return (isinstance(checkpoint_utils.torch, WeightsOnlyTorch)
+    return (_torch_seen_by(checkpoint_utils, weights_only_load)
             and _marked(checkpoint_utils.load_checkpoint_to_cpu, "SAFE_LOADER"))
+
+
+# ----------------------------------------------------------------------------- BROADCAST_LOAD
+
+
+def broadcast_load(f: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.load`` of the bytes another rank's ``broadcast_object`` pickled, in full.
+
+    Not a file: what the source rank's ``torch.save`` wrote of an object it holds in
+    memory (the trainer's state, optimizer state, tensor metadata). Anything of a
+    checkpoint file's in it went through the source rank's safe load first, which
+    refuses all but :data:`~fairseq_rope.checkpoints.FAIRSEQ_CHECKPOINT_GLOBALS`; the
+    rest (fairseq's DictConfig, its tensor placeholders) the job's own code made. The
+    ranks already trust each other's pickles: fairseq's ``all_gather_list`` unpickles
+    them with ``pickle.loads``.
+    """
+    kwargs["weights_only"] = False
+    return torch.load(f, *args, **kwargs)
+
+
+def _broadcast_load_guard() -> Optional[str]:
+    from fairseq.distributed import utils as distributed_utils
+
+    slow = getattr(distributed_utils, "_broadcast_object_slow", None)
+    if not callable(slow):
+        return "no fairseq.distributed.utils._broadcast_object_slow"
+    names = getattr(getattr(inspect.unwrap(slow), "__code__", None), "co_names", ())
+    if "torch" not in names or "load" not in names:
+        return "a _broadcast_object_slow that does not call torch.load through its module's global torch"
+    # The module's only torch.load must be the broadcast's: nothing else may read a file through it.
+    if inspect.getsource(distributed_utils).count("torch.load(") != 1:
+        return "fairseq.distributed.utils calling torch.load outside _broadcast_object_slow"
+    if distributed_utils.torch is not torch and not _torch_seen_by(distributed_utils, broadcast_load):
+        return f"fairseq.distributed.utils.torch = {distributed_utils.torch!r}"
+    return None
+
+
+def _install_broadcast_load() -> None:
+    from fairseq.distributed import utils as distributed_utils
+
+    if not _torch_seen_by(distributed_utils, broadcast_load):
+        distributed_utils.torch = TorchWithLoad(torch, broadcast_load, "fairseq.distributed.utils")
+
+
+def _broadcast_load_active() -> bool:
+    from fairseq.distributed import utils as distributed_utils
+
+    return _torch_seen_by(distributed_utils, broadcast_load)
 
 
 # ----------------------------------------------------------------------------- ATOMIC_COPY
@@ -369,6 +431,21 @@ PATCHES: Tuple[Patch, ...] = (
         install=_install_safe_loader,
         active=_safe_loader_active,
         refuse=True,
+    ),
+    Patch(
+        name="BROADCAST_LOAD",
+        target="fairseq.distributed.utils._broadcast_object_slow (its torch.load)",
+        changes=("the torch.load calls of fairseq.distributed.utils (only: the ranks' receipt of "
+                 "broadcast_object's pickle) pass weights_only=False"),
+        why=("resuming a multi-process run, rank 0 loads the checkpoint (safely) and broadcasts its state; "
+             "the other ranks unpickle it with torch >= 2.6's weights_only default, which refuses fairseq's "
+             "own DictConfig: every rank but 0 dies (UnpicklingError) and the run cannot resume"),
+        expected=("_broadcast_object_slow(obj, src_rank, group, dist_device) calling torch.load through "
+                  "fairseq.distributed.utils' global torch, the module's only torch.load (fairseq 0.12)"),
+        guard=_broadcast_load_guard,
+        install=_install_broadcast_load,
+        active=_broadcast_load_active,
+        refuse=False,
     ),
     Patch(
         name="ATOMIC_COPY",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,13 @@ def cpu_env() -> Dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
 
 
+def ddp_command(entry: Path, dumps: Path, data_bin: Path, save_dir: Path, *extra: str) -> List[str]:
+    """fairseq-train under torchrun, WORLD_SIZE gloo processes (TRAINING, then ``extra``)."""
+    # --standalone: torchrun binds its rendezvous to a free localhost port itself.
+    return [str(BIN_DIR / "torchrun"), "--standalone", "--nnodes", "1", "--nproc_per_node", str(WORLD_SIZE),
+            str(entry), str(dumps), str(data_bin), *TRAINING, *DDP_OPTIONS, "--save-dir", str(save_dir), *extra]
+
+
 @pytest.fixture(scope="module")
 def runs(toy_data_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     root = tmp_path_factory.mktemp("distributed")
@@ -106,10 +114,7 @@ def runs(toy_data_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     dumps.mkdir()
 
     commands = {
-        # --standalone: torchrun binds its rendezvous to a free localhost port itself.
-        "ddp": [str(BIN_DIR / "torchrun"), "--standalone", "--nnodes", "1",
-                "--nproc_per_node", str(WORLD_SIZE), str(entry), str(dumps),
-                str(toy_data_bin), *TRAINING, *DDP_OPTIONS, "--save-dir", str(root / "ddp")],
+        "ddp": ddp_command(entry, dumps, toy_data_bin, root / "ddp"),
         "single": [str(BIN_DIR / "fairseq-train"), str(toy_data_bin), *TRAINING,
                    "--update-freq", str(WORLD_SIZE), "--distributed-world-size", "1",
                    "--save-dir", str(root / "single")],
@@ -136,6 +141,13 @@ def runs(toy_data_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
         assert process.returncode == 0, f"{name} run failed:\n{output[-6000:]}"
         results[name] = Run(root / name, train_inner_records(output), output)
     return Runs(ddp=results["ddp"], single=results["single"], rank_dumps=dumps)
+
+
+def run_ddp(command: List[str], log: Path, **env: str) -> subprocess.CompletedProcess:
+    with open(log, "w") as out:
+        result = subprocess.run(command, cwd=REPO, env={**cpu_env(), **env}, stdout=out,
+                                stderr=subprocess.STDOUT, timeout=600)
+    return subprocess.CompletedProcess(command, result.returncode, log.read_text())
 
 
 def test_both_ranks_train_and_end_with_identical_weights(runs: Runs) -> None:
@@ -184,3 +196,36 @@ def test_weights_match_one_process_with_update_freq_2(runs: Runs) -> None:
         for key in ddp:
             # Summation order of the gradient reduction may differ: close, not bitwise.
             torch.testing.assert_close(ddp[key], single[key], rtol=1e-4, atol=1e-6, msg=f"{name}: {key}")
+
+
+def test_a_stopped_run_resumes_on_every_rank_and_ends_as_the_uninterrupted_one(
+        runs: Runs, toy_data_bin: Path, tmp_path: Path) -> None:
+    """3 updates, then the same command to 6: rank 0 loads checkpoint_last.pt and broadcasts its
+    state, which every other rank must unpickle (fairseq's DictConfig in it: BROADCAST_LOAD). Both
+    ranks then end with the weights of the run never stopped, bit for bit."""
+    entry, dumps = tmp_path / "ddp_entry.py", tmp_path / "rank_weights"
+    entry.write_text(ENTRY_POINT)
+    dumps.mkdir()
+    save = tmp_path / "resumed"
+    first = run_ddp(ddp_command(entry, dumps, toy_data_bin, save, "--max-update", "3"), tmp_path / "first.log")
+    assert first.returncode == 0, first.stdout[-6000:]
+
+    # The control: without the patch, rank 1 refuses rank 0's state and the resume fails.
+    control = tmp_path / "control"
+    shutil.copytree(save, control)
+    refused = run_ddp(ddp_command(entry, tmp_path, toy_data_bin, control), tmp_path / "control.log",
+                      FAIRSEQ_ROPE_NO_BROADCAST_LOAD="1")
+    assert refused.returncode != 0 and "Weights only load failed" in refused.stdout
+    assert "DictConfig" in refused.stdout
+
+    resumed = run_ddp(ddp_command(entry, dumps, toy_data_bin, save), tmp_path / "resumed.log")
+    assert resumed.returncode == 0, resumed.stdout[-6000:]
+    assert "Loaded checkpoint" in resumed.stdout
+    assert [int(r["num_updates"]) for r in train_inner_records(resumed.stdout)] == [4, 5, 6]
+    reference = load_checkpoint(runs.ddp.save_dir / "checkpoint_last.pt")["model"]
+    for rank in range(WORLD_SIZE):
+        dump = torch.load(dumps / f"rank{rank}.pt", weights_only=True)
+        assert dump["num_updates"] == MAX_UPDATE
+        assert sorted(dump["model"]) == sorted(reference)
+        differing = [k for k in reference if not torch.equal(dump["model"][k], reference[k])]
+        assert not differing, f"rank {rank} differs from the uninterrupted run in {differing}"

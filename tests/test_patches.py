@@ -29,7 +29,7 @@ from fairseq_rope.checkpoints import UnsafeCheckpointError
 from fairseq_rope.patches import PatchError, PatchWarning, apply_patches, applied_patches, get_patch
 from tests.conftest import REPO
 
-NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "ATOMIC_COPY", "RESUME_BATCHES"]
+NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "BROADCAST_LOAD", "ATOMIC_COPY", "RESUME_BATCHES"]
 REFUSING = {"SAFE_GLOBALS", "SAFE_LOADER"}  # safety: refuse; the resume fixes warn and skip
 
 
@@ -53,9 +53,11 @@ def test_the_list_is_complete_and_each_entry_says_what_why_and_how_to_opt_out():
 PROBE = """
 import argparse, json, torch
 from fairseq import checkpoint_utils
+from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
 from fairseq.tasks import FairseqTask
 before = dict(load=checkpoint_utils.load_checkpoint_to_cpu, torch=checkpoint_utils.torch,
+              distributed_torch=distributed_utils.torch,
               copy=PathManager.copy, batches=FairseqTask.get_batch_iterator,
               safe_globals=list(torch.serialization.get_safe_globals()))
 import fairseq_rope
@@ -65,6 +67,7 @@ untouched = {
                     and argparse.Namespace not in torch.serialization.get_safe_globals(),
     "SAFE_LOADER": checkpoint_utils.load_checkpoint_to_cpu is before["load"]
                    and checkpoint_utils.torch is before["torch"] is torch,
+    "BROADCAST_LOAD": distributed_utils.torch is before["distributed_torch"] is torch,
     "ATOMIC_COPY": PathManager.copy is before["copy"],
     "RESUME_BATCHES": FairseqTask.get_batch_iterator is before["batches"],
 }
