@@ -37,12 +37,14 @@ class Rule:
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> "Rule":
-        """The rule of fairseq-train arguments (argparse: the last occurrence wins; fairseq's
-        defaults: no patience, no cap, which never converges)."""
-        def last(option: str, default: int) -> int:
-            found = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == option]
-            return int(found[-1]) if found else default
-        return cls(patience=max(last("--patience", -1), 0), max_update=last("--max-update", 0))
+        """The rule of fairseq-train arguments, read as train.sh reads them (argparse: the last
+        occurrence wins; fairseq's defaults: no patience, no cap, which never converges)."""
+        from fairseq_rope.experiments.training import parse_command
+
+        _, options = parse_command(argv)
+        patience, cap = options.get("patience"), options.get("max-update")
+        return cls(patience=max(int(patience[-1]), 0) if patience else 0,
+                   max_update=int(cap[-1]) if cap else 0)
 
 
 @dataclass(frozen=True)

@@ -151,10 +151,9 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
     fairseq-train resuming it would still take one more update and write
     another checkpoint, changing the run a rerun should only re-report.
     """
-    rule = Rule.from_argv([*load_experiment(config).argv(), *extra])
-    log_file = save_dir / "train.log"
-    if log_file.is_file():
-        log = parse_train_log(log_file.read_text(encoding="utf-8").splitlines())
+    rule = Rule.from_argv(train_argv(config, extra))
+    if (save_dir / "train.log").is_file():
+        log = read_train_log(save_dir)
         done = log.num_updates
         if rule.max_update > 0 and done is not None and done >= rule.max_update:
             print(f"{save_dir}: already trained ({done} updates, --max-update {rule.max_update})",
@@ -186,9 +185,9 @@ def evaluate(save_dir: Path, data_bin: Path, upper_bound: Optional[int] = None,
 def convergence_of(save_dir: Path, config: Path, extra: Sequence[str]) -> Dict[str, Any]:
     """Where the run's convergence rule stops it, from its log (TableError if it has not converged:
     a run of a converged scale stopped by something else, such as a time limit, resumes)."""
-    argv = [*load_experiment(config).argv(), *extra]
+    argv = train_argv(config, extra)
     rule = Rule.from_argv(argv)
-    curve = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines()).valid_bleu
+    curve = read_train_log(save_dir).valid_bleu
     converged = converged_at(curve, rule)
     if converged is None:
         last = max(curve, default=0)
@@ -197,6 +196,15 @@ def convergence_of(save_dir: Path, config: Path, extra: Sequence[str]) -> Dict[s
     return {"patience": rule.patience, "max_update": rule.max_update,
             "validate_interval_updates": option_value(argv, "--validate-interval-updates"),
             **converged.to_json()}
+
+
+def train_argv(config: Path, extra: Sequence[str]) -> List[str]:
+    """The config's fairseq-train options followed by ``extra`` (which override them)."""
+    return [*load_experiment(config).argv(), *extra]
+
+
+def read_train_log(save_dir: Path) -> TrainLog:
+    return parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
 
 
 def entry_point(module: str) -> List[str]:
@@ -297,7 +305,7 @@ def summarize_run(
     under ``equal_budget``, the scores of its ``eval-budget/`` evaluation.
     """
     results = _read_json(save_dir / EVAL_DIR / "results.json")
-    log = parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
+    log = read_train_log(save_dir)
     command = train_command(save_dir)
     model_state = load_checkpoint(results["checkpoint"])["model"]
     summary: Dict[str, Any] = {
@@ -428,7 +436,7 @@ def reproduce_row(
     command = reproduce_command(row, scale, seed, extra, work_dir)
     # A rerun that did not train keeps what the training invocation recorded, if anything.
     previous = summary_path(save_dir)
-    provenance = (training_provenance([*load_experiment(config).argv(), *extra]) if seconds is not None
+    provenance = (training_provenance(train_argv(config, extra)) if seconds is not None
                   else _read_json(previous) if previous.is_file() else None)
     return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, provenance,
                          convergence=convergence, budget_length=budget_length)
