@@ -15,7 +15,9 @@ refuses (raises :class:`PatchError`, which stops the import) or warns
   only the user may choose that, with the opt-out variable;
 * the resume patches (``BROADCAST_LOAD``, ``ATOMIC_COPY``, ``RESUME_BATCHES``) warn and skip:
   without them fairseq behaves as it does without the plugin, so the models
-  stay usable; only a resumed training run may differ.
+  stay usable; only a resumed training run may differ;
+* ``BF16_DEVICE`` warns and skips too: without it ``--bf16`` means TPU, as in
+  fairseq, and bf16 on a GPU fails as it does there.
 
 Patches wrap fairseq's functions and call the originals; none copies fairseq code.
 See ``docs/patches.md`` for the table.
@@ -68,6 +70,7 @@ that behaviour, and each rebuild is logged.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import logging
 import os
@@ -399,6 +402,53 @@ def _install_resume_batches() -> None:
     FairseqTask.get_batch_iterator = wrapper  # type: ignore[method-assign]
 
 
+# ----------------------------------------------------------------------------- BF16_DEVICE
+
+
+def _xla_installed() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def _bf16_device_guard() -> Optional[str]:
+    from fairseq import options
+    from fairseq.dataclass import utils as dataclass_utils
+
+    problem = _signature_problem(dataclass_utils.override_module_args, ("args",))
+    if problem:
+        return f"override_module_args with {problem}"
+    convert = inspect.unwrap(dataclass_utils.convert_namespace_to_omegaconf)
+    if "override_module_args" not in getattr(getattr(convert, "__code__", None), "co_names", ()):
+        return "a convert_namespace_to_omegaconf that does not call override_module_args by its module global"
+    if "args.tpu = True" not in inspect.getsource(options.parse_args_and_arch):
+        return "a parse_args_and_arch where --bf16 no longer implies --tpu (the patch is not needed)"
+    return None
+
+
+def _install_bf16_device() -> None:
+    from fairseq.dataclass import utils as dataclass_utils
+
+    override = dataclass_utils.override_module_args
+
+    @functools.wraps(override)
+    def override_module_args(args: Any) -> Any:
+        if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not _xla_installed():
+            # --bf16 set --tpu (fairseq.options), which needs torch_xla: without it,
+            # bf16 on the device the rest of the options choose (CUDA, or --cpu).
+            logger.info("--bf16 without torch_xla: bf16 on CUDA or CPU, not TPU (%s=1 for fairseq's own)",
+                        OPT_OUT_PREFIX + "BF16_DEVICE")
+            args.tpu = False
+        return override(args)
+
+    setattr(override_module_args, _MARK, "BF16_DEVICE")
+    dataclass_utils.override_module_args = override_module_args
+
+
+def _bf16_device_active() -> bool:
+    from fairseq.dataclass import utils as dataclass_utils
+
+    return _marked(dataclass_utils.override_module_args, "BF16_DEVICE")
+
+
 # ----------------------------------------------------------------------------- the list
 
 
@@ -470,6 +520,20 @@ PATCHES: Tuple[Patch, ...] = (
         guard=_resume_batches_guard,
         install=_install_resume_batches,
         active=lambda: _marked(FairseqTask.get_batch_iterator, "RESUME_BATCHES"),
+        refuse=False,
+    ),
+    Patch(
+        name="BF16_DEVICE",
+        target="fairseq.dataclass.utils.override_module_args",
+        changes=("when torch_xla is not installed, --bf16 no longer implies --tpu: the args' tpu flag "
+                 "that fairseq.options set is cleared before they become the run's config"),
+        why=("fairseq 0.12's option parser turns --bf16 into --tpu (fairseq issue #4696), so fairseq-train "
+             "--bf16 on a GPU (or --cpu) fails looking for torch_xla's XLA device"),
+        expected=("override_module_args(args), called by convert_namespace_to_omegaconf through its module "
+                  "global, and parse_args_and_arch setting args.tpu = True for --bf16 (fairseq 0.12)"),
+        guard=_bf16_device_guard,
+        install=_install_bf16_device,
+        active=_bf16_device_active,
         refuse=False,
     ),
 )

@@ -21,16 +21,17 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 from fairseq.data import FairseqDataset
+from fairseq.dataclass import utils as dataclass_utils
 from fairseq.file_io import PathManager
 from fairseq.tasks import FairseqTask
 
 from fairseq_rope import patches
 from fairseq_rope.checkpoints import UnsafeCheckpointError
 from fairseq_rope.patches import PatchError, PatchWarning, apply_patches, applied_patches, get_patch
-from tests.conftest import REPO
+from tests.conftest import BIN_DIR, REPO, TINY_TRAINING
 
-NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "BROADCAST_LOAD", "ATOMIC_COPY", "RESUME_BATCHES"]
-REFUSING = {"SAFE_GLOBALS", "SAFE_LOADER"}  # safety: refuse; the resume fixes warn and skip
+NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "BROADCAST_LOAD", "ATOMIC_COPY", "RESUME_BATCHES", "BF16_DEVICE"]
+REFUSING = {"SAFE_GLOBALS", "SAFE_LOADER"}  # safety: refuse; the others warn and skip
 
 
 # ---------------------------------------------------------------- listed and documented
@@ -53,12 +54,14 @@ def test_the_list_is_complete_and_each_entry_says_what_why_and_how_to_opt_out():
 PROBE = """
 import argparse, json, torch
 from fairseq import checkpoint_utils
+from fairseq.dataclass import utils as dataclass_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
 from fairseq.tasks import FairseqTask
 before = dict(load=checkpoint_utils.load_checkpoint_to_cpu, torch=checkpoint_utils.torch,
               distributed_torch=distributed_utils.torch,
               copy=PathManager.copy, batches=FairseqTask.get_batch_iterator,
+              overrides=dataclass_utils.override_module_args,
               safe_globals=list(torch.serialization.get_safe_globals()))
 import fairseq_rope
 from fairseq_rope.patches import applied_patches
@@ -70,6 +73,7 @@ untouched = {
     "BROADCAST_LOAD": distributed_utils.torch is before["distributed_torch"] is torch,
     "ATOMIC_COPY": PathManager.copy is before["copy"],
     "RESUME_BATCHES": FairseqTask.get_batch_iterator is before["batches"],
+    "BF16_DEVICE": dataclass_utils.override_module_args is before["overrides"],
 }
 print(json.dumps({"applied": list(applied_patches()), "untouched": untouched}))
 """
@@ -115,11 +119,12 @@ def test_opt_out_takes_true_values_only():
 def test_applying_again_changes_nothing():
     targets = lambda: (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,  # noqa: E731
                        PathManager.copy, FairseqTask.get_batch_iterator,
+                       dataclass_utils.override_module_args,
                        list(torch.serialization.get_safe_globals()))
     before = targets()
     assert apply_patches({}) == tuple(NAMES) == applied_patches()
     assert targets() == before
-    for wrapper in before[0], before[2], before[3]:  # each wraps fairseq's original once
+    for wrapper in before[0], before[2], before[3], before[4]:  # each wraps fairseq's original once
         assert not hasattr(wrapper.__wrapped__, "__wrapped__")
 
 
@@ -182,6 +187,17 @@ def test_resume_batches_warns_and_skips_another_get_batch_iterator(monkeypatch):
                                           r"\('self', 'dataset', 'max_tokens', 'epoch'\).*skipped"):
         assert get_patch("RESUME_BATCHES").apply() is False
     assert FairseqTask.get_batch_iterator is get_batch_iterator
+
+
+def test_bf16_device_warns_and_skips_when_bf16_no_longer_implies_tpu(monkeypatch):
+    from fairseq import options
+
+    original = dataclass_utils.override_module_args.__wrapped__
+    monkeypatch.setattr(dataclass_utils, "override_module_args", original)
+    monkeypatch.setattr(options, "parse_args_and_arch", lambda parser, input_args=None: None)
+    with pytest.warns(PatchWarning, match=r"patch BF16_DEVICE cannot be applied .* no longer implies --tpu"):
+        assert get_patch("BF16_DEVICE").apply() is False
+    assert dataclass_utils.override_module_args is original
 
 
 # ---------------------------------------------------------------- safe loading leaves os.environ alone
@@ -337,3 +353,41 @@ def test_a_run_resumed_in_epoch_3_gets_the_batches_of_epoch_1_and_says_so(caplog
     with caplog.at_level(logging.INFO, logger="fairseq_rope.patches"):
         batches(patched, epoch=1)
     assert "resumed" not in caplog.text  # an uninterrupted run: nothing changes, nothing logged
+
+
+# ---------------------------------------------------------------- BF16_DEVICE: --bf16 without a TPU
+
+
+def bf16_training(save_dir: Path, data_bin: Path, **env: str) -> subprocess.CompletedProcess:
+    """One update of fairseq-train --bf16 --cpu (CPU standing in for CUDA: both are 'not TPU')."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSEQ_ROPE_NO_")}
+    return subprocess.run(
+        [str(BIN_DIR / "fairseq-train"), str(data_bin), *TINY_TRAINING, "--bf16", "--max-update", "1",
+         "--max-tokens", "200", "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir)],
+        cwd=REPO, capture_output=True, text=True, env={**clean, "OMP_NUM_THREADS": "1", **env})
+
+
+def test_fairseq_train_bf16_trains_in_bf16_on_the_device_at_hand(toy_data_bin, tmp_path):
+    run = bf16_training(tmp_path / "bf16", toy_data_bin)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "--bf16 without torch_xla: bf16 on CUDA or CPU, not TPU" in run.stdout + run.stderr
+    state = torch.load(tmp_path / "bf16" / "checkpoint_last.pt", weights_only=False)
+    assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
+    assert state["optimizer_history"][-1]["optimizer_name"] == "FP16Optimizer"  # fp32 master weights
+    # fairseq saves the model's weights as fp32; trained in bf16, every one is a bf16 number.
+    weights = [w for w in state["model"].values() if w.is_floating_point()]
+    assert all(w.dtype == torch.float32 for w in weights)
+    assert all(torch.equal(w, w.bfloat16().float()) for w in weights)
+
+    fairseqs_own = bf16_training(tmp_path / "tpu", toy_data_bin, FAIRSEQ_ROPE_NO_BF16_DEVICE="1")
+    assert fairseqs_own.returncode != 0 and "xla_device" in fairseqs_own.stdout + fairseqs_own.stderr  # --bf16 meant --tpu
+
+
+def test_bf16_keeps_fairseqs_tpu_where_torch_xla_is_installed(monkeypatch):
+    monkeypatch.setattr(patches, "_xla_installed", lambda: True)
+    args = argparse.Namespace(bf16=True, tpu=True)
+    dataclass_utils.override_module_args(args)
+    assert args.tpu
+    monkeypatch.setattr(patches, "_xla_installed", lambda: False)
+    dataclass_utils.override_module_args(args)
+    assert not args.tpu
