@@ -60,9 +60,13 @@ class PositionalMultiheadAttention(MultiheadAttention):
         tensor each, the parameters becoming views into it, so that without
         gradients one matmul projects all three. Parameters, state dict and
         training are unchanged; whatever replaces a parameter's storage (another
-        device or dtype, FSDP) only turns the packed path off until repacked."""
+        device or dtype, load_state_dict(assign=True)) only turns the packed path
+        off until repacked, and so does FSDP's flattening, which removes the
+        parameters altogether (then nothing is packed)."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
         self._packed: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+        if self._projection_pointers() is None:
+            return  # flattened: the weights are views into another module's parameter
         biases = [p.bias is not None for p in projections]
         if any(p._forward_pre_hooks or p._forward_hooks for p in projections) or len(set(biases)) > 1:
             return  # quant-noise hooks, or mixed biases: three projections
@@ -79,14 +83,19 @@ class PositionalMultiheadAttention(MultiheadAttention):
         self._packed = packed
         self._packed_pointers = self._projection_pointers()
 
-    def _projection_pointers(self) -> Tuple[int, int, int]:
-        # The weights tell: whatever gives a parameter new storage (_apply, FSDP's
-        # flattening, load_state_dict(assign=True)) does it to the weights too.
-        # (Read at every decoding step: through the module dicts, not nn.Module.__getattr__.)
+    def _projection_pointers(self) -> Optional[Tuple[int, int, int]]:
+        # The weights tell: whatever gives a parameter new storage (_apply,
+        # load_state_dict(assign=True)) does it to the weights too. None when they
+        # are parameters no more: fairscale's FSDP (FlattenParamsWrapper) deletes
+        # them and sets plain tensors, views into its flat parameter, in their place.
+        # (Read at every forward: through the module dicts, not nn.Module.__getattr__.)
         modules = self._modules
-        return (modules["q_proj"]._parameters["weight"].data_ptr(),
-                modules["k_proj"]._parameters["weight"].data_ptr(),
-                modules["v_proj"]._parameters["weight"].data_ptr())
+        try:
+            return (modules["q_proj"]._parameters["weight"].data_ptr(),
+                    modules["k_proj"]._parameters["weight"].data_ptr(),
+                    modules["v_proj"]._parameters["weight"].data_ptr())
+        except KeyError:
+            return None
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -97,8 +106,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
         """The packed q/k/v weight and bias while the parameters still live in them;
         else None (three projections). Only for passes without gradients: the
         packed tensors are not the parameters autograd would update."""
-        if self._packed is None or self._projection_pointers() != self._packed_pointers:
-            return None
+        if self._packed is not None and self._projection_pointers() != self._packed_pointers:
+            # Stale for good (nothing moves parameters back into it): let the memory
+            # go, under FSDP an unsharded copy of the q/k/v weights.
+            self._packed = None
         return self._packed
 
     def _project_qkv(
@@ -145,6 +156,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
                 )
         need_weights = need_weights or need_head_weights
+        packed = self._packed_projection()  # also in training, to drop a stale copy at once
         if torch.is_grad_enabled():
             return self._attend(query, None, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
@@ -152,7 +164,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
         # bookkeeping of the dozen small ops and views of a step. The results
         # (and cached keys) are inference tensors, which fairseq only reads.
         with torch.inference_mode():
-            packed = self._packed_projection()
             # (Submodules read through _modules: nn.Module.__getattr__ costs at every step.)
             if (incremental_state is not None and not need_weights and attn_mask is None
                     and self._modules["position_encoding"].qk_only
@@ -177,12 +188,12 @@ class PositionalMultiheadAttention(MultiheadAttention):
         qkv = F.linear(query, *packed).view(bsz, 3, self.num_heads, self.head_dim)
         saved_state = self._get_input_buffer(incremental_state)
         offset = saved_state["prev_key"].size(2) if "prev_key" in saved_state else 0
-        qk = self.position_encoding.encode_step(qkv[:, :2], offset, self.scaling)
+        q, k = self.position_encoding.encode_step(qkv[:, :2], offset, self.scaling).unbind(1)
         k, v, key_padding_mask = self._extend_cache(
-            incremental_state, saved_state, qk[:, 1, :, None], qkv[:, 2, :, None], key_padding_mask, bsz
+            incremental_state, saved_state, k[:, :, None], qkv[:, 2, :, None], key_padding_mask, bsz
         )
         # Heads folded into the batch: bmm, without matmul's broadcasting work.
-        q = qk[:, 0].reshape(-1, 1, self.head_dim)  # (B·H, 1, D)
+        q = q.reshape(-1, 1, self.head_dim)  # (B·H, 1, D)
         logits = torch.bmm(q, k.flatten(0, 1).transpose(1, 2))  # (B·H, 1, S)
         if key_padding_mask is not None:
             padding = key_padding_mask.to(torch.bool)[:, None, None, :]

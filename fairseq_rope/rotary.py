@@ -208,18 +208,45 @@ class _CosSinTable:
         self.sin = angles.sin().to(dtype)
         # e^{i mθ} for the complex-multiply path (see _rotate), where the dtype has one.
         self.cis = torch.complex(self.cos, self.sin) if dtype in _COMPLEX_DTYPES else None
-        self._steps: Dict[float, Tuple[Tensor, ...]] = {}
+        self._inv_freq = inv_freq
+        self._steps: Dict[Tuple[float, int, str], Tuple[Any, ...]] = {}
 
-    def step_multipliers(self, q_scale: float) -> Tuple[Tensor, ...]:
-        """[q_scale · e^{imθ}, e^{imθ}] as a (2, 1, rope_dim/2) view for each position m,
-        indexed by m: a decoding step then finds its multiplier by tuple indexing,
-        without a tensor op."""
-        steps = self._steps.get(q_scale)
+    def step_multipliers(self, q_scale: float, head_dim: int, layout: Layout) -> Tuple[Any, ...]:
+        """What a decoding step multiplies its q and k (B, 2, H, head_dim) by, for each
+        position m (indexed by m: a step finds its own by tuple indexing, without a
+        tensor op), q's row scaled by ``q_scale``:
+
+        * ``interleaved`` (complex tables only): [q_scale · e^{imθ}, e^{imθ}] as a
+          (2, 1, head_dim/2) complex view, the pairs past rope_dim multiplied by
+          [q_scale, 1];
+        * ``half``: (C, S), each (2, 1, head_dim) in the table's dtype, such that
+          R x = x ⊙ C + swap(x) ⊙ S, swap exchanging the members of each pair
+          (past rope_dim C = 1, S = 0).
+        """
+        key = (q_scale, head_dim, layout)
+        steps = self._steps.get(key)
         if steps is None:
             with torch.inference_mode(False):  # shared, like the table itself
-                steps = torch.stack((self.cis * q_scale, self.cis), dim=1).unsqueeze(2).unbind(0)
-            self._steps[q_scale] = steps
+                build = self._complex_steps if layout == "interleaved" else self._half_steps
+                steps = build(q_scale, head_dim)
+            self._steps[key] = steps
         return steps
+
+    def _complex_steps(self, q_scale: float, head_dim: int) -> Tuple[Tensor, ...]:
+        passthrough = self.cis.new_ones(self.capacity, head_dim // 2 - self.cis.size(-1))
+        cis = torch.cat((self.cis, passthrough), -1)
+        return torch.stack((cis * q_scale, cis), dim=1).unsqueeze(2).unbind(0)
+
+    def _half_steps(self, q_scale: float, head_dim: int) -> Tuple[Tuple[Tensor, Tensor], ...]:
+        # From the angles, not from the cast cos/sin: C and S are rounded to the
+        # dtype once, after the product with q_scale.
+        angles = rotation_angles(torch.arange(self.capacity, device=self._inv_freq.device), self._inv_freq)
+        cos, sin = angles.cos(), angles.sin()
+        passthrough = head_dim - 2 * cos.size(-1)
+        cos = torch.cat((cos, cos, cos.new_ones(self.capacity, passthrough)), -1)
+        sin = torch.cat((-sin, sin, sin.new_zeros(self.capacity, passthrough)), -1)
+        cos, sin = (torch.stack((t * q_scale, t), dim=1).unsqueeze(2).to(self.cos.dtype) for t in (cos, sin))
+        return tuple(zip(cos.unbind(0), sin.unbind(0)))
 
     @property
     def capacity(self) -> int:
@@ -314,14 +341,14 @@ _LAST_STEP: List[Any] = [None, ()]
 
 
 def _step_multipliers(
-    offset: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, q_scale: float
-) -> Tensor:
-    """[q_scale · e^{i·offset·θ}, e^{i·offset·θ}] as a (2, 1, rope_dim/2) complex
-    tensor: one multiply then rotates a step's queries (and scales them) and keys."""
-    lookup = (rope_dim, theta, device, dtype, q_scale)
+    offset: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, q_scale: float,
+    head_dim: int, layout: Layout,
+) -> Any:
+    """Position ``offset``'s entry of :meth:`_CosSinTable.step_multipliers`."""
+    lookup = (rope_dim, theta, device, dtype, q_scale, head_dim, layout)
     steps = _LAST_STEP[1]
     if offset >= len(steps) or _LAST_STEP[0] != lookup:
-        steps = _table(rope_dim, theta, device, dtype, offset + 1).step_multipliers(q_scale)
+        steps = _table(rope_dim, theta, device, dtype, offset + 1).step_multipliers(q_scale, head_dim, layout)
         _LAST_STEP[:] = [lookup, steps]
     return steps[offset]
 
@@ -366,14 +393,40 @@ class RotaryEmbedding(PositionEncoding):
         return q, k
 
     def encode_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
-        """A decoding step's q and k (B, 2, H, head_dim) in one complex multiply,
-        the 1/√d scaling of q folded into its multiplier (Eq. 16's form)."""
-        if (self.layout != "interleaved" or qk.dtype not in _COMPLEX_DTYPES or self.rope_dim != qk.size(-1)
-                or (qk.requires_grad and torch.is_grad_enabled())):
+        """A decoding step's q and k (B, 2, H, head_dim) rotated, the 1/√d scaling of
+        q folded into the per-position multipliers: one complex multiply in the
+        interleaved layout (Eq. 16's form), three real kernels in the half layout."""
+        if qk.requires_grad and torch.is_grad_enabled():
             return super().encode_step(qk, offset, q_scale)  # through encode_qk (and its backward)
-        multipliers = _step_multipliers(offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale)
-        pairs = _as_complex(qk)
-        # Written as (2, B, H, ·) memory: the step's q and k each come out contiguous.
-        out = pairs.new_empty((2, pairs.size(0), *pairs.shape[2:])).transpose(0, 1)
-        torch.mul(pairs, multipliers, out=out)
-        return torch.view_as_real(out).flatten(-2)
+        if self.layout == "half":
+            return self._half_step(qk, offset, q_scale)
+        dtype = angle_dtype(qk.dtype)  # the complex table's: fp32, or fp64
+        multipliers = _step_multipliers(
+            offset, self.rope_dim, self.theta, qk.device, dtype, q_scale, self.head_dim, "interleaved"
+        )
+        if qk.dtype == dtype:
+            pairs = _as_complex(qk)
+            # Written as (2, B, H, ·) memory: the step's q and k each come out contiguous.
+            out = pairs.new_empty((2, pairs.size(0), *pairs.shape[2:])).transpose(0, 1)
+            torch.mul(pairs, multipliers, out=out)
+            return torch.view_as_real(out).flatten(-2)
+        # fp16/bf16 have no complex counterpart: rotated in fp32, rounded once at the
+        # end. The copies, of the (2, B, ·) view, leave q and k each contiguous.
+        x = qk.transpose(0, 1).to(dtype, memory_format=torch.contiguous_format)
+        torch.view_as_complex(x.view(*x.shape[:-1], -1, 2)).transpose(0, 1).mul_(multipliers)
+        return x.to(qk.dtype).transpose(0, 1)
+
+    def _half_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
+        """x ⊙ C + swap(x) ⊙ S, swap exchanging the halves of the rotated dimensions."""
+        cos, sin = _step_multipliers(
+            offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "half"
+        )
+        x = qk.transpose(0, 1)
+        half = self.rope_dim // 2
+        if self.rope_dim == self.head_dim:
+            swapped = x.roll(half, -1)
+        else:
+            swapped = torch.cat((x[..., half:self.rope_dim], x[..., :half], x[..., self.rope_dim:]), -1)
+        # The swap's copy, of the (2, B, ·) view, is the output: q and k each contiguous.
+        out = swapped.transpose(0, 1).mul_(sin)
+        return out.addcmul_(qk, cos)
