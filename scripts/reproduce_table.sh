@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command per row of the RoFormer table, and one to make the table.
 #
-#   scripts/reproduce_table.sh ROW [--scale demo|demo-length|wmt14] [--seed N]
+#   scripts/reproduce_table.sh ROW [--scale SCALE] [--seed N] [--device auto|cpu|cuda[:N]]
 #       [--work-dir DIR] [--raw-dir DIR] [-- extra fairseq-train args...]
 #   scripts/reproduce_table.sh collect [--scale SCALE] [--work-dir DIR] [--out-dir DIR]
+#   scripts/reproduce_table.sh prepare [--scale SCALE] [--work-dir DIR] [--raw-dir DIR]
 #
 # ROW is sinusoidal, learned, rpe or rope; it trains configs/ROW_base.yaml at
 # scale wmt14 and configs/ROW_demo.yaml at the demo scales (default: demo).

@@ -45,6 +45,7 @@ from fairseq_rope.base import report_error, split_passthrough
 from fairseq_rope.data.demo_corpus import write_corpus
 from fairseq_rope.experiments.config import load_experiment, resolve_config
 from fairseq_rope.experiments.convergence import Rule, converged_at
+from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
 from fairseq_rope.evaluation.bleu_by_length import length_report
 from fairseq_rope.experiments.length_corpus import write_length_corpus, write_short_pairs
 from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
@@ -74,7 +75,7 @@ from fairseq_rope.experiments.table import (
 DEMO_CORPUS = {"train": 20000, "valid": 500, "test": 500}
 DEMO_VOCAB_SIZE = 2000
 # Set by reproduce_table.sh itself: an extra argument must not redirect them.
-RESERVED_EXTRA = ("--seed", "--save-dir", "--user-dir")
+RESERVED_EXTRA = ("--seed", "--save-dir", "--user-dir", "--cpu")
 # State-dict entries that are buffers, not parameters (fairseq's version
 # counters, the sinusoidal embeddings' device/dtype marker).
 BUFFER_NAMES = ("version", "_float_tensor")
@@ -142,7 +143,8 @@ def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) ->
     return out / "data-bin"
 
 
-def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequence[str]) -> Optional[float]:
+def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequence[str],
+          device: Device = CPU) -> Optional[float]:
     """``scripts/train.sh``, resuming ``save_dir``; returns its wall time in seconds.
 
     A run whose log already reaches ``--max-update``, or whose validations
@@ -166,12 +168,13 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
                   file=sys.stderr)
             return None
     start = time.monotonic()
-    run_step([*entry_point("experiments.training"), config, data_bin, save_dir, "--seed", str(seed), *extra])
+    run_step([*entry_point("experiments.training"), config, data_bin, save_dir, "--seed", str(seed), *extra],
+             device)
     return time.monotonic() - start
 
 
 def evaluate(save_dir: Path, data_bin: Path, upper_bound: Optional[int] = None,
-             eval_dir: str = EVAL_DIR) -> None:
+             eval_dir: str = EVAL_DIR, device: Device = CPU) -> None:
     """``scripts/evaluate.sh``: average the last 5 checkpoints (up to ``upper_bound``), decode,
     score into ``save_dir/eval_dir``.
 
@@ -179,7 +182,8 @@ def evaluate(save_dir: Path, data_bin: Path, upper_bound: Optional[int] = None,
     evaluation finished, so existing results are stale by construction.
     """
     bound = [] if upper_bound is None else ["--upper-bound", str(upper_bound)]
-    run_step([*entry_point("evaluation.evaluate"), save_dir, data_bin, "--eval-dir", eval_dir, *bound, "--force"])
+    run_step([*entry_point("evaluation.evaluate"), save_dir, data_bin, "--eval-dir", eval_dir, *bound, "--force"],
+             device)
 
 
 def convergence_of(save_dir: Path, config: Path, extra: Sequence[str]) -> Dict[str, Any]:
@@ -212,10 +216,11 @@ def entry_point(module: str) -> List[str]:
     return [sys.executable, "-m", f"fairseq_rope.{module}"]
 
 
-def run_step(command: Sequence[Any]) -> None:
+def run_step(command: Sequence[Any], device: Device = CPU) -> None:
+    """Run one step of a row in a subprocess that sees ``device`` only."""
     command = [str(c) for c in command]
-    print(f"\n==> {' '.join(shlex.quote(c) for c in command)}", file=sys.stderr, flush=True)
-    if subprocess.run(command).returncode != 0:
+    print(f"\n==> [{device}] {' '.join(shlex.quote(c) for c in command)}", file=sys.stderr, flush=True)
+    if subprocess.run(command, env=device.environment()).returncode != 0:
         raise TableError(f"{' '.join(command[1:3])} failed (its output is above)")
 
 
@@ -371,12 +376,16 @@ def _wall_time(log: TrainLog, timer_seconds: Optional[float]) -> Dict[str, Any]:
 
 
 def reproduce_command(
-    row: Row, scale: Scale, seed: int, extra: Sequence[str] = (), work_dir: Optional[Path] = None
+    row: Row, scale: Scale, seed: int, extra: Sequence[str] = (), work_dir: Optional[Path] = None,
+    device: Device = CPU,
 ) -> str:
-    """The reproduce_table.sh command line of a run (``--work-dir`` only when not the default)."""
+    """The reproduce_table.sh command line of a run (``--work-dir`` only when not the default;
+    ``--device`` only for a GPU: the default runs on the CPU where torch sees none)."""
     words = ["scripts/reproduce_table.sh", row.name, "--scale", scale.name, "--seed", str(seed)]
     if work_dir is not None and Path(work_dir).resolve() != DEFAULT_WORK_DIR.resolve():
         words += ["--work-dir", str(work_dir)]
+    if device.kind != "cpu":
+        words += ["--device", str(device)]
     if extra:
         words += ["--", *extra]
     return " ".join(shlex.quote(w) for w in words)
@@ -399,9 +408,10 @@ def length_results(scale: Scale, save_dir: Path, data_bin: Path, eval_dir: str =
 
 def reproduce_row(
     row: Row, scale: Scale, seed: int, work_dir: Path, extra: Sequence[str] = (),
-    raw_dir: Optional[str] = None,
+    raw_dir: Optional[str] = None, device: Optional[Device] = None,
 ) -> Dict[str, Any]:
-    """Prepare, train, evaluate and summarize one run; returns its run.json.
+    """Prepare, train, evaluate and summarize one run on ``device`` (default: the first GPU if
+    torch sees one, else the CPU); returns its run.json.
 
     At a converged scale the run first trains to the scale's equal budget, whose
     last 5 checkpoints are averaged and scored into ``eval-budget/`` before
@@ -412,31 +422,32 @@ def reproduce_row(
     bad = [arg for arg in extra if arg.split("=", 1)[0] in RESERVED_EXTRA]
     if bad:
         raise TableError(f"{bad[0]} cannot be an extra fairseq-train argument: "
-                         "reproduce_table.sh sets it (use --seed / --work-dir)")
+                         "reproduce_table.sh sets it (use --seed / --work-dir / --device)")
     if raw_dir is not None and scale.data not in ("wmt14", "multi30k"):
         raise TableError(f"--raw-dir is for the wmt14 and multi30k scales; scale {scale.name} "
                          "generates its corpus")
+    device = Device.resolve() if device is None else device
     config = resolve_config(config_name(row, scale))
     data_bin = prepare_data(scale, work_dir, raw_dir)
     save_dir = run_dir(work_dir, scale, row, seed)
     trained, convergence, budget_length = [], None, None
     if scale.equal_budget is not None:
         budget = scale.equal_budget
-        trained.append(train(config, data_bin, save_dir, seed, [*extra, "--max-update", str(budget)]))
+        trained.append(train(config, data_bin, save_dir, seed, [*extra, "--max-update", str(budget)], device))
         if trained[-1] is not None or not (save_dir / BUDGET_EVAL_DIR / "results.json").is_file():
-            evaluate(save_dir, data_bin, upper_bound=budget, eval_dir=BUDGET_EVAL_DIR)
+            evaluate(save_dir, data_bin, upper_bound=budget, eval_dir=BUDGET_EVAL_DIR, device=device)
         budget_length = length_results(scale, save_dir, data_bin, BUDGET_EVAL_DIR) if scale.bucket_edges else None
-    trained.append(train(config, data_bin, save_dir, seed, extra))
+    trained.append(train(config, data_bin, save_dir, seed, extra, device))
     if scale.equal_budget is not None:
         convergence = convergence_of(save_dir, config, extra)
     seconds = None if all(t is None for t in trained) else sum(t or 0.0 for t in trained)
     if seconds is not None or not (save_dir / EVAL_DIR / "results.json").is_file():
-        evaluate(save_dir, data_bin, upper_bound=convergence["update"] if convergence else None)
+        evaluate(save_dir, data_bin, upper_bound=convergence["update"] if convergence else None, device=device)
     length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
-    command = reproduce_command(row, scale, seed, extra, work_dir)
+    command = reproduce_command(row, scale, seed, extra, work_dir, device)
     # A rerun that did not train keeps what the training invocation recorded, if anything.
     previous = summary_path(save_dir)
-    provenance = (training_provenance(train_argv(config, extra)) if seconds is not None
+    provenance = (training_provenance(device) if seconds is not None
                   else _read_json(previous) if previous.is_file() else None)
     return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, provenance,
                          convergence=convergence, budget_length=budget_length)
@@ -446,12 +457,12 @@ def reproduce_row(
 TRAINING_PROVENANCE = ("train_threads", "train_cpu", "code_commit", "train_device")
 
 
-def training_provenance(command: Sequence[str] = ()) -> Dict[str, Any]:
-    """The threads, CPU, plugin commit and device of this invocation's training (``command``: its
-    fairseq-train arguments): fairseq-train inherits this process's OMP_NUM_THREADS and runs the
-    plugin it imports, so they are its own; it trains on the first GPU unless told ``--cpu``."""
-    device = "cpu" if "--cpu" in command or not torch.cuda.is_available() else torch.cuda.get_device_name(0)
-    return dict(zip(TRAINING_PROVENANCE, (torch.get_num_threads(), base.cpu_model(), base.git_commit(), device)))
+def training_provenance(device: Device) -> Dict[str, Any]:
+    """The threads, CPU, plugin commit and device of this invocation's training on ``device``:
+    fairseq-train inherits this process's OMP_NUM_THREADS and runs the plugin it imports, so they
+    are its own."""
+    return dict(zip(TRAINING_PROVENANCE,
+                    (torch.get_num_threads(), base.cpu_model(), base.git_commit(), device.name())))
 
 
 # --- Command line
@@ -460,9 +471,10 @@ def training_provenance(command: Sequence[str] = ()) -> Dict[str, Any]:
 def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scripts/reproduce_table.sh",
-        usage="%(prog)s ROW [--scale SCALE] [--seed N] [--work-dir DIR] [--raw-dir DIR] "
+        usage="%(prog)s ROW [--scale SCALE] [--seed N] [--device DEVICE] [--work-dir DIR] [--raw-dir DIR] "
               "[-- extra fairseq-train args]\n       %(prog)s collect [--scale SCALE] "
-              "[--work-dir DIR] [--out-dir DIR]",
+              "[--work-dir DIR] [--out-dir DIR]\n       %(prog)s prepare [--scale SCALE] [--work-dir DIR] "
+              "[--raw-dir DIR]",
         description="Run one row of the RoFormer table (prepare data, train, average, decode, "
         "score, write RUN_DIR/eval/run.json), or `collect` the finished runs of a scale into "
         "docs/results/SCALE.md with plots.",
@@ -473,9 +485,10 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("row", metavar="ROW", help=f"one of {', '.join(ROWS)}")
     _add_common(parser)
     parser.add_argument("--seed", type=int, default=1, help="training seed (default: 1)")
-    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives; multi30k, "
-                        "multi30k-length: directory with the six Multi30k release files "
-                        "(default: download them)")
+    parser.add_argument("--device", default="auto",
+                        help=f"{DEVICE_CHOICES}: where the run trains and decodes (default: auto, the "
+                        "first GPU torch sees, else the CPU); training and decoding see this device only")
+    _add_raw_dir(parser)
     return parser
 
 
@@ -488,6 +501,23 @@ def _collect_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", default=str(DEFAULT_RESULTS_DIR),
                         help="where SCALE.md and the plots go (default: docs/results)")
     return parser
+
+
+def _prepare_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scripts/reproduce_table.sh prepare",
+        description="Prepare a scale's data only (before starting several rows at once, which "
+        "would otherwise each prepare it); prints its data-bin.",
+    )
+    _add_common(parser)
+    _add_raw_dir(parser)
+    return parser
+
+
+def _add_raw_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives; multi30k, "
+                        "multi30k-length: directory with the six Multi30k release files "
+                        "(default: download them)")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -506,12 +536,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             paths = collect.collect(get_scale(args.scale), Path(args.work_dir), Path(args.out_dir))
             print("\n".join(map(str, paths)))
             return 0
+        if own[:1] == ["prepare"]:
+            if extra:
+                raise TableError("prepare takes no extra fairseq-train arguments")
+            args = _prepare_parser().parse_args(own[1:])
+            print(prepare_data(get_scale(args.scale), Path(args.work_dir).resolve(), args.raw_dir))
+            return 0
         args = _run_parser().parse_args(own)
         if args.row not in ROWS:
             raise TableError(f"unknown row {args.row!r}; valid rows: {', '.join(ROWS)} "
                              "(or `collect` to make the table)")
         row, scale = get_row(args.row), get_scale(args.scale)
-        summary = reproduce_row(row, scale, args.seed, Path(args.work_dir).resolve(), extra, args.raw_dir)
+        summary = reproduce_row(row, scale, args.seed, Path(args.work_dir).resolve(), extra, args.raw_dir,
+                                Device.resolve(args.device))
     except TableError as e:
         return report_error(e, 2)
     print(f"{summary_path(run_dir(args.work_dir, scale, row, args.seed))}: "

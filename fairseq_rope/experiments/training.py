@@ -59,10 +59,11 @@ SCHEDULE_OPTIONS = frozenset({
     "tensorboard-logdir", "wandb-project", "no-progress-bar", "num-workers",
 })
 # Set by train.sh from its own arguments; the plugin's path moves with the repository;
-# how processes find each other (docs/distributed.md) changes with every job.
+# how processes find each other (docs/distributed.md) changes with every job; a run
+# preempted on one device may resume on another (its record names the device).
 UNCOMPARED_OPTIONS = frozenset({
     "save-dir", "user-dir", "distributed-port", "distributed-init-method",
-    "distributed-rank", "device-id", "distributed-no-spawn",
+    "distributed-rank", "device-id", "distributed-no-spawn", "cpu",
 })
 HINT = ("use another SAVE_DIR for a new run, rerun with the recorded command (SAVE_DIR/command.txt) "
         "to resume this one, or pass --force to continue from its checkpoints with the new arguments")

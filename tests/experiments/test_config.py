@@ -182,9 +182,9 @@ def test_rope_base_is_the_paper_recipe(tmp_path):
     assert args.max_update % args.save_interval_updates == 0  # the final update is checkpointed
 
 
-def test_demo_is_cpu_tiny_with_the_paper_optimizer(tmp_path):
+def test_demo_is_tiny_with_the_paper_optimizer(tmp_path):
     args = parse_fairseq(training_argv(load_experiment("rope_demo"), tmp_path, tmp_path / "save"))
-    assert args.arch == "transformer_rope_tiny" and args.cpu
+    assert args.arch == "transformer_rope_tiny"
     assert eval(args.adam_betas) == (0.9, 0.98) and args.lr_scheduler == "inverse_sqrt"
     assert args.warmup_init_lr == 1e-7 and args.label_smoothing == 0.1
     assert args.max_update % args.save_interval_updates == 0
@@ -255,3 +255,12 @@ def test_train_and_evaluate_scripts_end_to_end(toy_data_bin, tmp_path):
     # Extra arguments overrode the config in the run that wrote the checkpoints.
     cfg = torch.load(save / "checkpoint_avg_last5.pt", weights_only=True)["cfg"]
     assert cfg["optimization"]["max_update"] == 10 and cfg["dataset"]["max_tokens"] == 256
+
+
+@pytest.mark.parametrize("scale", ["demo", "multi30k", "multi30k-converged", "base"])
+def test_no_table_config_names_a_device(scale):
+    """reproduce_table.sh --device chooses (fairseq_rope/experiments/device.py): a config forcing
+    --cpu would keep every row off the GPU."""
+    for row in ("sinusoidal", "learned", "rpe", "rope"):
+        argv = load_experiment(f"{row}_{scale}").argv()
+        assert "--cpu" not in argv and not any(a.startswith("--device-id") for a in argv), (row, scale)

@@ -14,6 +14,7 @@ import torch
 from fairseq_rope.experiments import collect, reproduce
 from fairseq_rope.evaluation.averaging import average_checkpoints
 from fairseq_rope.experiments.config import load_experiment
+from fairseq_rope.experiments.device import CPU, Device
 from fairseq_rope.experiments.table import (
     ROWS,
     SCALES,
@@ -134,7 +135,7 @@ def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
 def test_evaluation_is_forced_because_reproduce_decides_when_to_evaluate(tmp_path, monkeypatch):
     """evaluate.sh refuses existing results; reproduce reruns evaluate only after training changed them."""
     ran = []
-    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
     reproduce.evaluate(tmp_path / "run", tmp_path / "bin")
     assert ran == [[*reproduce.entry_point("evaluation.evaluate"), tmp_path / "run", tmp_path / "bin",
                     "--eval-dir", "eval", "--force"]]
@@ -162,8 +163,9 @@ def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", a)) or 1.0)
     monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: calls.append("evaluate"))
     monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: calls.append("summarize") or {})
-    reproduce.reproduce_row(ROWS["learned"], SCALES["wmt14"], 7, tmp_path, ["--fp16"])
-    config_path, data_bin, save_dir, seed, extra = calls[1][1]
+    reproduce.reproduce_row(ROWS["learned"], SCALES["wmt14"], 7, tmp_path, ["--fp16"], device=CPU)
+    config_path, data_bin, save_dir, seed, extra, device = calls[1][1]
+    assert device == CPU
     assert calls[0] == "prepare" and calls[2:] == ["evaluate", "summarize"]
     assert (config_path.name, seed, list(extra)) == ("learned_base.yaml", 7, ["--fp16"])
     assert save_dir == tmp_path / "wmt14" / "learned" / "seed7"
@@ -175,6 +177,7 @@ def test_threads_cpu_and_commit_are_recorded_by_the_invocation_that_trained(tmp_
     trained = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "bin")
     monkeypatch.setattr(reproduce, "train", lambda *a: trained.pop() if trained else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the default device: the CPU
     monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: None)
     monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: {
         key: (a[-1] or {}).get(key) for key in reproduce.TRAINING_PROVENANCE})
@@ -182,7 +185,7 @@ def test_threads_cpu_and_commit_are_recorded_by_the_invocation_that_trained(tmp_
     trained.append(60.0)
     now = reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)
     assert now["train_threads"] == 3 and now["train_cpu"] and now["code_commit"]  # a git checkout
-    assert now["train_device"] == "cpu"  # the demo configs train with --cpu
+    assert now["train_device"] == "cpu"
     save = run_dir(tmp_path, SCALES["demo"], ROWS["rope"], 1)
     (save / "eval").mkdir(parents=True)
     (save / "eval" / "results.json").write_text("{}")
@@ -195,7 +198,7 @@ def test_threads_cpu_and_commit_are_recorded_by_the_invocation_that_trained(tmp_
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
     """fairseq-train resuming a finished run would take one more update: skip it."""
     ran = []
-    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
     config = Path(load_experiment("rope_demo").path)
     (tmp_path / "train.log").write_text(TRAIN_LOG)  # 150 updates
     assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "150"]) is None
@@ -207,7 +210,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
 def test_prepared_wmt14_data_is_not_prepared_again_without_raw_dir(tmp_path, monkeypatch):
     """Rerunning the preparation without --raw-dir would look for (and download) the archives."""
     ran = []
-    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
     wmt14 = SCALES["wmt14"]
     assert reproduce.prepare_data(wmt14, tmp_path, "/archives") == tmp_path / "wmt14" / "data" / "data-bin"
     assert ran[0][3:] == ["wmt14", "--raw-dir", "/archives", tmp_path / "wmt14" / "data"]
@@ -412,7 +415,7 @@ def test_collect_cli(tmp_path, capsys):
 
 def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
     multi30k = SCALES["multi30k"]
     data_bin = reproduce.prepare_data(multi30k, tmp_path, "/shared/multi30k")
     assert data_bin == tmp_path / "multi30k" / "data" / "data-bin"
@@ -425,7 +428,7 @@ def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypat
 
 def test_multi30k_length_trains_on_the_short_pairs_of_the_prepared_corpus(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
     raw = tmp_path / "multi30k" / "data" / "raw"
     raw.mkdir(parents=True)
     (raw.parent / "data-bin").mkdir()
@@ -583,7 +586,7 @@ def test_parse_train_log_reads_valid_bleu():
 def test_a_converged_run_is_not_trained_again(tmp_path, monkeypatch):
     """Patience 2 is met at update 796 (two validations without a new best, a tie included)."""
     ran = []
-    monkeypatch.setattr(reproduce, "run_step", ran.append)
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
     config = Path(load_experiment("rope_multi30k-converged").path)
     (tmp_path / "train.log").write_text(CONVERGED_LOG)
     assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--patience", "2"]) is None
@@ -603,6 +606,7 @@ def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, 
     calls = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "multi30k" / "data" / "data-bin")
     monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", list(a[4]))) or 1.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: calls.append(("evaluate", k)))
     monkeypatch.setattr(reproduce, "length_results", lambda scale, save, data, where="eval": calls.append(("length", where)))
     monkeypatch.setattr(reproduce, "convergence_of", lambda *a: {"update": 4179})
@@ -610,10 +614,10 @@ def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, 
     reproduce.reproduce_row(ROWS["rope"], SCALES["multi30k-converged"], 2, tmp_path, ["--patience", "3"])
     assert calls == [
         ("train", ["--patience", "3", "--max-update", "1791"]),
-        ("evaluate", {"upper_bound": 1791, "eval_dir": "eval-budget"}),
+        ("evaluate", {"upper_bound": 1791, "eval_dir": "eval-budget", "device": CPU}),
         ("length", "eval-budget"),
         ("train", ["--patience", "3"]),
-        ("evaluate", {"upper_bound": 4179}),
+        ("evaluate", {"upper_bound": 4179, "device": CPU}),
         ("length", "eval"),
         ("summarize", {"convergence": {"update": 4179}, "budget_length": None}),
     ]
