@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.fairseq-rope-installed
 DEMO_DIR ?= demo
 
-.PHONY: setup demo test test-slow test-all clean-demo
+.PHONY: setup demo test test-slow test-all test-gpu clean-demo wheelhouse
 
 setup: $(STAMP)
 
@@ -35,8 +35,19 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -m slow
 
+# Everything CPU can run (the GPU tests need FAIRSEQ_ROPE_GPU_TESTS_DEVICE=cpu here: test-gpu).
 test-all: setup
-	$(BIN)/python -m pytest -m ""
+	$(BIN)/python -m pytest -m "not gpu"
+
+test-gpu: setup
+	$(BIN)/python -m pytest -m gpu tests/gpu
 
 clean-demo:
 	rm -rf $(DEMO_DIR)
+
+# Offline install for a GPU node (README, "On GPUs"): all but the node's torch stack, for
+# CPython $(WHEELHOUSE_PYTHON) on x86-64 Linux; needs the package registry here.
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_PYTHON ?= 3.12
+wheelhouse: setup
+	$(BIN)/python -m fairseq_rope.gpu.wheelhouse $(WHEELHOUSE) --python-version $(WHEELHOUSE_PYTHON)

@@ -5,6 +5,7 @@ construction through fairseq's own argument parser."""
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +45,19 @@ def write_toy_corpus(directory: Path, sizes=(("train", 3000), ("valid", 40), ("t
     return directory
 
 
+def console_script(name: str) -> str:
+    """A console script of this environment: beside the interpreter, else on PATH (where
+    scripts/install_wheelhouse.sh's ``pip install --prefix`` puts them on a GPU node)."""
+    beside = BIN_DIR / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name}: neither in {BIN_DIR} nor on PATH"
+    return found
+
+
 def fairseq_cli(name: str, args: Sequence[str], cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
     """Run a fairseq console script of this environment; fail loudly with its output."""
     result = subprocess.run(
-        [str(BIN_DIR / name), *map(str, args)], cwd=cwd, capture_output=True, text=True, **kwargs
+        [console_script(name), *map(str, args)], cwd=cwd, capture_output=True, text=True, **kwargs
     )
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return result

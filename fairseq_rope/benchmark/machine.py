@@ -68,3 +68,21 @@ def publish(out: Path, lines: Sequence[str]) -> None:
     text = "\n".join(lines)
     base.write_text(out, text)
     print(text)
+
+
+def publish_sized_report(
+    args: argparse.Namespace, name: str, script: str, argv: Optional[Sequence[str]],
+    title: str, description: str, body: Sequence[str],
+) -> None:
+    """The report of a script with ``--size``, ``--length`` and ``--out`` (:func:`add_size_and_out`):
+    ``# TITLE: SIZE, T = LENGTH``, the provenance sentence followed by ``description``,
+    then ``body``; written to :func:`out_path` and printed (:func:`publish`)."""
+    lines = [
+        f"# {title}: {args.size}, T = {args.length}",
+        "",
+        provenance(script, argv) + " " + description,
+        "",
+        *body,
+        "",
+    ]
+    publish(out_path(args, name), lines)

@@ -136,10 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = measure(args.size, args.length, args.reps)
-    lines = [
-        f"# Where a beam search's time goes: {args.size}, T = {args.length}",
-        "",
-        machine.provenance("scripts/decode_phases.py", argv) + " "
+    machine.publish_sized_report(
+        args, "decode-phases", "scripts/decode_phases.py", argv, "Where a beam search's time goes",
         f"{SENTENCES} sentences, beam 4, output length forced to {args.length}, {args.reps} interleaved "
         "repetitions; ms per decode: the median and the mean, and per phase the mean wall time spent inside "
         "each module's forward (decoder includes its layers' modules; the timers add a few µs per call "
@@ -147,11 +145,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"`{CONTROL}`: the RoPE model with fairseq's self-attention module in place of the plugin's "
         "(same weights, no positions): the control for the plugin's module in place "
         "(fairseq_rope/benchmark/phases.py).",
-        "",
-        *report(results),
-        "",
-    ]
-    machine.publish(machine.out_path(args, "decode-phases"), lines)
+        report(results),
+    )
     return 0
 
 

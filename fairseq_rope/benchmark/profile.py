@@ -119,26 +119,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="operators listed (default: %(default)s)")
     args = parser.parse_args(argv)
     results = measure(args.size, args.length, args.steps)
-    lines = [
-        f"# Operator profile: {args.size}, T = {args.length}",
-        "",
-        machine.provenance("scripts/profile_step.py", argv) + " "
+    machine.publish_sized_report(
+        args, "profile", "scripts/profile_step.py", argv, "Operator profile",
         f"`torch.profiler` self CPU time per step and calls per step, mean over {args.steps} steps "
         "per row after one unprofiled step, the rows taking turns step by step "
         "(fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
         "per operator to the wall time; compare rows, not these times with the benchmark's.",
-        "",
-        f"## Training step (Trainer.train_step: forward, backward, Adam; {max(1, 2048 // args.length)} "
-        f"sentences × {args.length} tokens)",
-        "",
-        *report(results["train"], args.top),
-        "",
-        f"## Beam search (beam 4, {DECODE_SENTENCES} sentences, output length forced to {args.length})",
-        "",
-        *report(results["decode"], args.top),
-        "",
-    ]
-    machine.publish(machine.out_path(args, "profile"), lines)
+        [
+            f"## Training step (Trainer.train_step: forward, backward, Adam; {max(1, 2048 // args.length)} "
+            f"sentences × {args.length} tokens)",
+            "",
+            *report(results["train"], args.top),
+            "",
+            f"## Beam search (beam 4, {DECODE_SENTENCES} sentences, output length forced to {args.length})",
+            "",
+            *report(results["decode"], args.top),
+        ],
+    )
     return 0
 
 

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The GPU results in one command, on a fresh GPU node, from the repository root:
+#
+#   scripts/gpu_suite.sh [--dry-run] [--out DIR] [--step STEP]... [--raw-dir DIR]
+#                        [--seeds N] [--parallel N] [--wheelhouse DIR] [--state DIR]
+#
+# Steps, in this order, each time-boxed so that what finished is written even if a
+# later step does not finish:
+#   install    fairseq-rope from the wheelhouse (`make wheelhouse`) into a prefix beside the
+#              node's torch (scripts/install_wheelhouse.sh); skipped where it already imports
+#   test       pytest -m gpu (tests/gpu): exactness on CUDA in fp32, fp16 and bf16
+#              -> OUT/test.log, OUT/test.xml
+#   benchmark  scripts/benchmark.py at base size, fp32, fp16 and bf16, against the stock
+#              Transformer -> OUT/benchmarks/ (and docs/benchmarks/<gpu>.md)
+#   table      the multi30k-converged table: every row x SEEDS seeds (default 5), PARALLEL
+#              runs at once on the GPU (default 4); needs --raw-dir, the six Multi30k release
+#              files -> OUT/results/ (the table, plots, and every run's record under runs/)
+#
+# Each step fits in 10 minutes, for schedulers that cap a job there: then run one job
+# per step (--step install, --step test, ...). A rerun on the same machine skips the
+# steps that finished (STATE/done/); the table's runs resume where they stopped, so that
+# step may take two jobs. STATE (default /tmp/fairseq-rope-gpu-suite) keeps the prefix,
+# the runs and the markers between jobs. OUT defaults to $OUT when set, else gpu-suite/.
+#
+# --dry-run: every step at tiny size on the CPU, which is how CI checks this script:
+# the test step runs tests/gpu with FAIRSEQ_ROPE_GPU_TESTS_DEVICE=cpu, the benchmark
+# its --smoke preset, the table every row at the demo scale for a few updates.
+set -euo pipefail
+SELF=$(realpath "${BASH_SOURCE[0]}")
+cd "$(dirname "$SELF")/.."
+ALL_STEPS=(install test benchmark table)
+# Seconds each step may take: within a 10-minute job.
+declare -A LIMIT=([install]=570 [test]=540 [benchmark]=540 [table]=570)
+
+log() { echo "[gpu_suite $(date -u +%H:%M:%S)] $*" | tee -a "$OUT_DIR/suite.log" >&2; }
+
+step_install() {
+    if "$PY" -c "import fairseq_rope, sacremoses, subword_nmt, sacrebleu" 2>/dev/null; then
+        log "install: fairseq-rope already imports with $PY: skipped"
+        return 0
+    fi
+    scripts/install_wheelhouse.sh --wheelhouse "$WHEELHOUSE" --prefix "$STATE/prefix" | tail -n 1 >"$STATE/env.sh"
+}
+
+step_test() {
+    FAIRSEQ_ROPE_GPU_TESTS_DEVICE=$DEVICE "$PY" -m pytest -m gpu tests/gpu -q -p no:cacheprovider \
+        --junitxml "$OUT_DIR/test.xml" 2>&1 | tee "$OUT_DIR/test.log"
+}
+
+step_benchmark() {
+    if [[ $DRY_RUN == 1 ]]; then
+        "$PY" scripts/benchmark.py --smoke --device cpu --dtypes fp32 --out-dir "$OUT_DIR/benchmarks"
+    else
+        "$PY" scripts/benchmark.py --size base --device cuda --dtypes fp32,fp16,bf16 --out-dir "$OUT_DIR/benchmarks"
+        cp "$OUT_DIR"/benchmarks/*.md docs/benchmarks/
+    fi
+}
+
+run_one() {  # ROW SEED: one cell of the table, its output in OUT/run-ROW-seedSEED.log
+    local log="$OUT_DIR/run-$1-seed$2.log"
+    # shellcheck disable=SC2086  # EXTRA: words
+    scripts/reproduce_table.sh "$1" --scale "$SCALE" --seed "$2" --device "$DEVICE" --work-dir "$STATE/work" \
+        $EXTRA >"$log" 2>&1 || { echo "run $1 seed $2 failed: $log" >&2; return 1; }
+}
+
+step_table() {
+    local raw=() status=0
+    [[ -n $RAW_DIR ]] && raw=(--raw-dir "$RAW_DIR")
+    # The data once, before the runs that share it.
+    scripts/reproduce_table.sh prepare --scale "$SCALE" --work-dir "$STATE/work" ${raw[@]+"${raw[@]}"}
+    # Several runs at once on the one GPU, a few CPU threads each for data and Python.
+    export -f run_one
+    export SCALE DEVICE STATE OUT_DIR EXTRA PYTHON=$PY OMP_NUM_THREADS=2
+    for seed in $(seq 1 "$SEEDS"); do
+        for row in sinusoidal rope rpe learned; do echo "$row $seed"; done
+    done | xargs -P "$PARALLEL" -L 1 bash -c 'run_one "$@"' _ || status=$?
+    mkdir -p "$OUT_DIR/results"
+    # The table, plots and every finished run's record (results/runs/SCALE/ROW/seedN/run.json).
+    "$PY" -m fairseq_rope.experiments.reproduce collect --scale "$SCALE" --work-dir "$STATE/work" \
+        --out-dir "$OUT_DIR/results" || status=1
+    return "$status"
+}
+
+if [[ ${1:-} == __step ]]; then  # one step, as the loop below runs it (under timeout)
+    [[ -f $STATE/env.sh ]] && source "$STATE/env.sh"
+    "step_$2"
+    exit
+fi
+
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-gpu-suite}
+STATE=/tmp/fairseq-rope-gpu-suite
+WHEELHOUSE=wheelhouse
+RAW_DIR=
+SEEDS=5
+PARALLEL=4
+DRY_RUN=0
+STEPS=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --dry-run) DRY_RUN=1; shift ;;
+        --out) OUT_DIR=$2; shift 2 ;;
+        --step) STEPS+=("$2"); shift 2 ;;
+        --raw-dir) RAW_DIR=$2; shift 2 ;;
+        --seeds) SEEDS=$2; shift 2 ;;
+        --parallel) PARALLEL=$2; shift 2 ;;
+        --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
+        --state) STATE=$2; shift 2 ;;
+        -h|--help) sed -n '2,27p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown argument $1 (--help for usage)" >&2; exit 2 ;;
+    esac
+done
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=("${ALL_STEPS[@]}")
+for step in "${STEPS[@]}"; do
+    [[ " ${ALL_STEPS[*]} " == *" $step "* ]] || { echo "error: unknown step $step (steps: ${ALL_STEPS[*]})" >&2; exit 2; }
+done
+if [[ $DRY_RUN == 1 ]]; then
+    STATE=$STATE/dry-run DEVICE=cpu SCALE=demo SEEDS=1 EXTRA="-- --max-update 10 --save-interval-updates 2"
+else
+    DEVICE=cuda SCALE=multi30k-converged EXTRA=
+    if [[ " ${STEPS[*]} " == *" table "* && -z $RAW_DIR ]]; then
+        echo "error: the table step needs --raw-dir DIR (the six Multi30k release files; the node is offline)" >&2
+        exit 2
+    fi
+fi
+mkdir -p "$OUT_DIR" "$STATE/done"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+STATE=$(cd "$STATE" && pwd)
+[[ -z $RAW_DIR ]] || RAW_DIR=$(cd "$RAW_DIR" && pwd)
+export PY OUT_DIR STATE WHEELHOUSE RAW_DIR SEEDS PARALLEL DRY_RUN DEVICE SCALE EXTRA PYTHONUNBUFFERED=1
+if [[ $DRY_RUN == 1 ]]; then  # a CPU decodes the dry run's untrained models slowly: no 10-minute jobs there
+    for step in "${ALL_STEPS[@]}"; do LIMIT[$step]=$((3 * LIMIT[$step])); done
+fi
+
+for step in "${STEPS[@]}"; do
+    if [[ -f $STATE/done/$step ]]; then
+        log "$step: finished by an earlier run (rm $STATE/done/$step to redo it)"
+        continue
+    fi
+    log "$step: started (limit ${LIMIT[$step]} s)"
+    start=$SECONDS
+    if timeout --kill-after=20 "${LIMIT[$step]}" bash "$SELF" __step "$step"; then
+        touch "$STATE/done/$step"
+        log "$step: done in $((SECONDS - start)) s"
+    else
+        log "$step: did not finish (exit $?, after $((SECONDS - start)) s); the next steps run all the same"
+    fi
+done
+missing=()
+for step in "${STEPS[@]}"; do [[ -f $STATE/done/$step ]] || missing+=("$step"); done
+if [[ ${#missing[@]} -gt 0 ]]; then
+    log "unfinished: ${missing[*]} (rerun to resume)"
+    exit 1
+fi
+log "all steps finished: $OUT_DIR"

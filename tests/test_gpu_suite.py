@@ -1,0 +1,115 @@
+"""scripts/gpu_suite.sh and the wheelhouse behind its install step: checked on CPU,
+everything but CUDA itself (``--dry-run`` runs every step at tiny size)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from fairseq_rope.gpu import wheelhouse
+from tests.conftest import REPO
+
+SUITE = REPO / "scripts" / "gpu_suite.sh"
+
+
+def suite(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k != "OUT"}
+    return subprocess.run(["bash", str(SUITE), *args], cwd=REPO, capture_output=True, text=True,
+                          env={**clean, "PYTHON": sys.executable, **env})
+
+
+def test_bad_command_lines_are_refused_before_anything_runs(tmp_path):
+    for args, message in (
+        (["--step", "train"], "unknown step train (steps: install test benchmark table)"),
+        (["--step", "table"], "the table step needs --raw-dir DIR"),
+        (["--frobnicate"], "unknown argument --frobnicate"),
+    ):
+        run = suite(*args, "--out", str(tmp_path / "out"), "--state", str(tmp_path / "state"))
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "state").exists()
+
+
+def test_out_defaults_to_the_device_tools_out(tmp_path):
+    state = tmp_path / "state"
+    (state / "done").mkdir(parents=True)
+    (state / "done" / "benchmark").touch()
+    run = suite("--step", "benchmark", "--state", str(state), OUT=str(tmp_path / "device-out"))
+    assert run.returncode == 0, run.stderr
+    assert "benchmark: finished by an earlier run" in (tmp_path / "device-out" / "suite.log").read_text()
+
+
+def test_finished_steps_are_skipped_and_unfinished_ones_reported(tmp_path):
+    """A rerun on the same machine skips what finished; the exit status says what did not."""
+    state, out = tmp_path / "state", tmp_path / "out"
+    (state / "done").mkdir(parents=True)
+    for step in ("install", "test", "benchmark"):
+        (state / "done" / step).touch()
+    run = suite("--step", "install", "--step", "test", "--step", "benchmark", "--out", str(out),
+                "--state", str(state))
+    assert run.returncode == 0, run.stderr
+    log = (out / "suite.log").read_text()
+    assert all(f"{step}: finished by an earlier run" in log for step in ("install", "test", "benchmark"))
+    assert "all steps finished" in log
+
+
+def test_the_wheelhouse_ships_fairseq_and_its_nmt_stack_but_not_the_nodes_torch():
+    shipped = wheelhouse.closure()
+    assert {"fairseq-rope", "fairseq-fixed", "hydra-core", "omegaconf", "antlr4-python3-runtime",
+            "sacremoses", "subword-nmt", "sacrebleu", "sentencepiece", "bitarray", "cython",
+            "pytest"} <= set(shipped)
+    # The node's PyTorch stack, and what only it needs.
+    assert not {"torch", "torchaudio", "numpy", "scikit-learn", "scipy", "sympy", "networkx",
+                "triton"} & set(shipped)
+    assert all(version for version in shipped.values())
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_step_at_tiny_size_and_a_rerun_skips_them(tmp_path):
+    out, state = tmp_path / "out", tmp_path / "state"
+    run = suite("--dry-run", "--out", str(out), "--state", str(state))
+    assert run.returncode == 0, (out / "suite.log").read_text() if (out / "suite.log").exists() else run.stderr
+    tests = ElementTree.parse(out / "test.xml").getroot().find("testsuite")
+    assert int(tests.get("tests")) > 0 and tests.get("failures") == tests.get("errors") == "0"
+    assert list((out / "benchmarks").glob("*.md"))
+    assert (out / "results" / "demo.md").is_file()
+    runs = {json.loads(p.read_text())["row"] for p in (out / "results" / "runs" / "demo").glob("*/seed1/run.json")}
+    assert runs == {"sinusoidal", "rope", "rpe", "learned"}
+    again = suite("--dry-run", "--out", str(out), "--state", str(state))
+    assert again.returncode == 0
+    assert (out / "suite.log").read_text().count("finished by an earlier run") == 4
+
+
+@pytest.mark.slow
+def test_the_wheelhouse_installs_into_a_prefix_beside_the_nodes_torch(tmp_path):
+    """Downloads (the package registry): a fresh "node" environment with only its PyTorch stack
+    (torch, numpy, scikit-learn), a wheelhouse for this Python, then the install step into a
+    prefix; the node's torch stays where it was, fairseq is compiled against it."""
+    node = tmp_path / "node"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(node)], check=True)
+    python = str(node / "bin" / "python")
+    torch_version = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}"], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", "numpy", "scikit-learn", "setuptools", "wheel"], check=True)
+    files = wheelhouse.make(tmp_path / "wheelhouse", f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert wheelhouse.size_mib(files) <= wheelhouse.LIMIT_MIB
+    run = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_wheelhouse.sh"), "--wheelhouse", str(tmp_path / "wheelhouse"),
+         "--prefix", str(tmp_path / "prefix")],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHON": python})
+    assert run.returncode == 0, run.stderr[-3000:]
+    exports = run.stdout.strip().splitlines()[-1]
+    assert exports.startswith("export PYTHONPATH=")
+    check = subprocess.run(
+        ["bash", "-c", exports + "; cd / && " + python + " -c 'import fairseq_rope, fairseq, torch; "
+         "print(fairseq_rope.__file__, torch.__file__)' && fairseq-train --help >/dev/null"],
+        capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr[-3000:]
+    plugin, torch_file = check.stdout.split()
+    assert plugin.startswith(str(tmp_path / "prefix")) and torch_file.startswith(str(node))
