@@ -176,9 +176,15 @@ def test_query_as_key_and_value_as_fairseqs_layers_pass_them():
     torch.testing.assert_close(attn(x, None, None, need_weights=False)[0], expected, atol=0, rtol=0)
     y = x
     torch.testing.assert_close(attn(query=x, key=y, value=y, need_weights=False)[0], expected, atol=0, rtol=0)
+    # Decoding: each argument sliced separately (three views of the same memory) is the query
+    # too; the steps compute the causal forward's first positions and cache both keys.
     state = {}
     steps = [attn(x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=state)[0] for t in range(2)]
-    assert len(steps) == 2
+    full, _ = attn(x[:2], x[:2], x[:2], attn_mask=causal_mask(2), need_weights=False)
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps), reference(attn, x[:2], attn_mask=causal_mask(2)),
+                               atol=1e-5, rtol=1e-5)
+    assert attn._get_input_buffer(state)["prev_key"].shape == (2, HEADS, 2, EMBED // HEADS)
 
 
 def test_fairseqs_encoder_and_decoder_layers_call_it_as_self_attention():
@@ -328,3 +334,67 @@ def test_steps_that_need_more_take_the_general_path(monkeypatch):
         rope_attention()(x, x, x, incremental_state={}, need_weights=True)
         rpe(x, x, x, incremental_state={}, need_weights=False)
         dropping(x, x, x, incremental_state={}, need_weights=False)
+
+
+# --- Attention dropout (the big architectures train with --attention-dropout 0.1)
+
+
+def probability_probe(p: float) -> PositionalMultiheadAttention:
+    """A RoPE attention whose output is its (dropped-out) attention probabilities: identity value
+    and output projections, and inputs whose per-head slice is one-hot in the position."""
+    attn = PositionalMultiheadAttention(EMBED, HEADS, RotaryEmbedding(EMBED // HEADS), dropout=p)
+    with torch.no_grad():
+        for projection in (attn.v_proj, attn.out_proj):
+            projection.weight.copy_(torch.eye(EMBED))  # in place: the packed projection stays valid
+            projection.bias.zero_()
+    return attn
+
+
+def one_hot_positions(batch: int):
+    """(T, B, C) with T = head_dim: position t's slice of every head is the unit vector e_t."""
+    T = EMBED // HEADS
+    return torch.eye(T).repeat(1, HEADS)[:, None, :].expand(T, batch, EMBED).contiguous()
+
+
+def probabilities(attn, x):
+    """softmax(R q · R k / √d) as (T, B, C) like the probe's output: from the definitions, no dropout."""
+    T, B, _ = x.shape
+    heads = lambda t: t.view(T, B, HEADS, -1).permute(1, 2, 0, 3)  # noqa: E731
+    encoding = attn.position_encoding
+    logits = rotate(encoding, heads(attn.q_proj(x))) @ rotate(encoding, heads(attn.k_proj(x))).transpose(-1, -2)
+    probs = torch.softmax(logits / attn.head_dim**0.5, -1)  # (B, H, T, S), S = T = head_dim
+    return probs.permute(2, 0, 1, 3).reshape(T, B, EMBED)
+
+
+@pytest.mark.parametrize("path", ["fused", "explicit"])
+def test_attention_dropout_drops_probabilities_in_training(path):
+    """In training, p = 0.1 of the attention probabilities are zeroed and the rest scaled by
+    1/(1 - p), through SDPA's dropout (need_weights=False) and the explicit softmax's alike;
+    every forward draws a new mask."""
+    p = 0.1
+    attn = probability_probe(p).train()
+    x = one_hot_positions(batch=16)
+    expected = probabilities(attn, x).detach()
+    assert expected.min() > 0  # no mask: every probability is there to be dropped
+    outs = [attn(x, x, x, need_weights=path == "explicit")[0].detach() for _ in range(2)]
+    for out in outs:
+        dropped = out == 0
+        rate = dropped.double().mean().item()
+        assert 0.07 < rate < 0.13, f"{rate:.3f} of 4096 probabilities dropped, p = {p}"
+        torch.testing.assert_close(out[~dropped], expected[~dropped] / (1 - p), atol=1e-6, rtol=1e-5)
+    assert not torch.equal(outs[0] == 0, outs[1] == 0)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["with gradients", "without gradients"])
+def test_attention_dropout_is_off_in_eval(grad):
+    """In eval the module with attention dropout 0.1 computes exactly what the same weights
+    without dropout compute, every time: the probabilities themselves."""
+    attn = probability_probe(0.1).eval()
+    without = probability_probe(0.0).eval()
+    without.load_state_dict(attn.state_dict())
+    x = one_hot_positions(batch=4)
+    with torch.set_grad_enabled(grad):
+        first, second = (attn(x, x, x, need_weights=False)[0] for _ in range(2))
+        no_dropout = without(x, x, x, need_weights=False)[0]
+    assert torch.equal(first, second) and torch.equal(first, no_dropout)
+    torch.testing.assert_close(first, probabilities(attn, x).detach(), atol=1e-6, rtol=1e-5)

@@ -93,7 +93,11 @@ def test_base_architecture_trains_and_generates_through_the_cli(toy_data_bin, tm
         "--no-save-optimizer-state", "--cpu", "--no-progress-bar", "--disable-validation",
     ])
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")
-    assert state["args"] is None or state["args"].arch == "transformer_rope_wmt_en_de"
+    # This fairseq saves args as None and the configuration under cfg: the model's
+    # options there are the parsed Namespace of an args-configured (legacy) model.
+    model_cfg = state["cfg"]["model"]
+    assert (model_cfg.arch, model_cfg._name) == ("transformer_rope_wmt_en_de", "transformer_rope_wmt_en_de")
+    assert (model_cfg.encoder_layers, model_cfg.encoder_embed_dim, model_cfg.encoder_attention_heads) == (6, 512, 8)
     assert state["model"]["encoder.layers.5.self_attn.q_proj.weight"].shape == (512, 512)
     out = fairseq_cli("fairseq-generate", [
         toy_data_bin, "--user-dir", "fairseq_rope", "--path", tmp_path / "checkpoint_last.pt",

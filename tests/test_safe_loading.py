@@ -14,11 +14,10 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, NamedTuple
+from typing import Dict, NamedTuple, Tuple
 
 import pytest
 import torch
@@ -121,7 +120,8 @@ def restore_into_trainer(checkpoint: Path, data_bin: Path, row: str = "rope"):
 
     cfg, trainer = fairseq_trainer(training_args(data_bin, row, checkpoint.parent / "save",
                                                  "--restore-file", str(checkpoint)))
-    return checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    extra_state, _ = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    return trainer, extra_state
 
 
 IN_PROCESS_LOADERS = {
@@ -246,18 +246,37 @@ def test_command_without_the_plugin_still_refuses(refusals):
 # ---------------------------------------------------------------- real checkpoints load
 
 
-def in_process_load(loader: str, row: str, checkpoint: Path, data_bin: Path) -> List[torch.nn.Module]:
+def in_process_load(loader: str, row: str, checkpoint: Path, data_bin: Path) -> Tuple[object, Dict[str, torch.Tensor]]:
+    """(what ``loader`` returned: a model or the checkpoint's state, the weights it ended up with)."""
     from fairseq import checkpoint_utils
 
     if loader == "load_checkpoint":
-        return [load_checkpoint(checkpoint)["model"]]
+        state = load_checkpoint(checkpoint)
+        return state, state["model"]
     if loader == "load_model_ensemble (fairseq-generate, fairseq-interactive)":
-        models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
-        return models
-    if loader == "from_pretrained":
-        return list(hub_load("fairseq.models.transformer.TransformerModel", checkpoint, data_bin).models)
-    extra_state, _ = restore_into_trainer(checkpoint, data_bin, row)
-    return [extra_state]
+        (model,), _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
+    elif loader == "from_pretrained":
+        (model,) = hub_load("fairseq.models.transformer.TransformerModel", checkpoint, data_bin).models
+    else:
+        trainer, extra_state = restore_into_trainer(checkpoint, data_bin, row)
+        return extra_state, trainer.get_model().state_dict()
+    return model, model.state_dict()
+
+
+def with_new_weights(source: Path, dest: Path) -> Dict[str, object]:
+    """``source`` written to ``dest`` with every weight and bias drawn afresh (tied weights stay
+    tied): a loader that built the model but kept its own initialization (the same seed
+    would give the same initial weights) cannot pass for one that read the file. Read with
+    the unsafe pickle loader, not the code under test: the file is this module's own."""
+    state = torch.load(source, weights_only=False)
+    g = torch.Generator().manual_seed(12345)
+    drawn = set()
+    for name, tensor in state["model"].items():
+        if name.endswith(("weight", "bias")) and tensor.data_ptr() not in drawn:
+            drawn.add(tensor.data_ptr())
+            tensor.copy_(torch.randn(tensor.shape, generator=g))
+    torch.save(state, dest)
+    return state
 
 
 @pytest.mark.parametrize("loader", [
@@ -267,13 +286,17 @@ def in_process_load(loader: str, row: str, checkpoint: Path, data_bin: Path) -> 
 @pytest.mark.parametrize("row", ROWS)
 def test_real_checkpoint_loads(row, loader, legit_checkpoints, toy_data_bin, tmp_path):
     checkpoint = tmp_path / "checkpoint_last.pt"
-    shutil.copy(legit_checkpoints[row], checkpoint)
-    (loaded,) = in_process_load(loader, row, checkpoint, toy_data_bin)
+    saved = with_new_weights(legit_checkpoints[row], checkpoint)
+    loaded, weights = in_process_load(loader, row, checkpoint, toy_data_bin)
     if isinstance(loaded, torch.nn.Module):
         assert type(loaded).__name__ == {"rope": "TransformerRopeModel", "rpe": "TransformerRpeModel"}.get(
             row, "TransformerModel")
-    else:  # the state dict, or the restored trainer's extra state
-        assert "encoder.embed_tokens.weight" in loaded or "train_iterator" in loaded
+    elif loader.startswith("trainer restore"):
+        assert loaded["train_iterator"] == saved["extra_state"]["train_iterator"]
+    # Every tensor of the file, bit for bit: the weights drawn above, not a fresh initialization.
+    assert sorted(weights) == sorted(saved["model"])
+    differing = [name for name, tensor in saved["model"].items() if not torch.equal(weights[name], tensor)]
+    assert not differing, f"{len(differing)} tensors differ from the checkpoint's, e.g. {differing[:3]}"
 
 
 def test_real_checkpoints_of_every_row_decode_through_fairseq_generate(refusals):

@@ -1,6 +1,7 @@
 """scripts/evaluate.sh on bad input: a clear error, a non-zero exit, nothing written.
 
-Its successful path runs in tests/test_experiment.py (train.sh then evaluate.sh).
+Its successful path runs in tests/experiments/test_config.py
+(test_train_and_evaluate_scripts_end_to_end: train.sh then evaluate.sh).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def latin1_references(path: Path) -> Path:
 
 
 # The other checks of the inputs (a missing --raw-ref, one of another test set)
-# are the same `scoring --check` call, tested in-process in tests/test_scoring.py.
+# are the same `scoring --check` call, tested in-process in tests/evaluation/test_scoring.py
+# (test_check_refuses_raw_references_that_do_not_fit).
 @pytest.mark.parametrize("case", ["no references", "non-UTF-8 --raw-ref", "missing DATA_BIN"])
 def test_bad_test_set_fails_before_averaging(case, toy_data_bin, data_bin_without_references, tmp_path):
     save = fake_run(tmp_path / "run", updates=(100, 200, 300, 400, 500))

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import sacrebleu
 from sacrebleu.metrics import BLEU
 
 from fairseq_rope.evaluation import scoring
@@ -122,13 +123,18 @@ def test_results_json_has_both_scores(tmp_path):
     assert 0 < saved["bleu_tokenized"] < 100
     assert saved["bleu_tokenized"] == pytest.approx(tokenized_bleu(
         [t.hypothesis for t in translations], [t.reference for t in translations])[0].score)
-    assert 0 < saved["sacrebleu"] < 100
+    # sacreBLEU's defaults (13a, exp smoothing, mixed case), called directly on the detokenized
+    # hypotheses written above and the raw references: the same score, to the last bit.
+    detok = (tmp_path / "eval" / "hyps.detok.de").read_text(encoding="utf-8").splitlines()
+    expected = sacrebleu.corpus_bleu(detok, [RAW_REFS])
+    assert saved["sacrebleu"] == expected.score and 0 < expected.score < 100
+    assert saved["sacrebleu_details"] == str(expected)
     assert re.fullmatch(r"nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:[\d.]+",
                         saved["sacrebleu_signature"])
     assert saved["checkpoint"] == "avg.pt" and saved["num_sentences"] == 4 and saved["date"]
     summary = scoring.summary(saved).splitlines()
     assert summary[0] == f"BLEU (tokenized, compound-split): {saved['bleu_tokenized']:.2f}"
-    assert summary[1].startswith(f"sacreBLEU (detokenized): {saved['sacrebleu']:.2f}  nrefs:1|")
+    assert summary[1].startswith(f"sacreBLEU (detokenized): {expected.score:.2f}  nrefs:1|")
 
 
 def test_sacrebleu_is_unavailable_without_raw_references(tmp_path):
@@ -221,9 +227,13 @@ def test_chrf_is_reported_beside_sacrebleu(tmp_path):
     raw_ref.write_text("".join(line + "\n" for line in RAW_REFS))
     results = evaluate_translations(parse_generate_output(GENERATE_OUTPUT.splitlines()), tmp_path / "eval",
                                     "de", raw_reference=raw_ref)
-    assert 0 < results["chrf"] < 100
+    # sacreBLEU's chrF defaults (character 6-grams, no word n-grams, beta 2), called directly on
+    # the detokenized hypotheses and the raw references.
+    detok = (tmp_path / "eval" / "hyps.detok.de").read_text(encoding="utf-8").splitlines()
+    expected = sacrebleu.corpus_chrf(detok, [RAW_REFS])
+    assert results["chrf"] == expected.score and 0 < expected.score < 100
     assert "nc:6|nw:0" in results["chrf_signature"]
-    assert "chrF (detokenized): " in scoring.summary(results)
+    assert f"chrF (detokenized): {expected.score:.2f}  {results['chrf_signature']}" in scoring.summary(results)
 
 
 def translation(sid: int, hyp_words: int, ref_words: int, subwords: int) -> scoring.Translation:

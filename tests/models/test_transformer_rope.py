@@ -89,3 +89,35 @@ def test_stock_transformer_is_untouched_by_the_plugin(dict_dir):
     assert type(stock) is TransformerModel
     assert stock.encoder.embed_positions is not None
     assert type(stock.encoder.layers[0].self_attn) is MultiheadAttention
+
+
+def test_attention_dropout_reaches_the_rotated_self_attention_in_training_only(dict_dir):
+    """--attention-dropout (0.1 in the big architectures) reaches every rotated self-attention, whose
+    training forward (fairseq's layers ask for no weights: the fused path) applies it; in eval the
+    model is deterministic. All other dropout is off, cross-attention's too, so only it can differ."""
+    import torch
+
+    model, task = build_model(dict_dir, "transformer_rope_tiny", "--share-all-embeddings", "--dropout", "0",
+                              "--attention-dropout", "0.1")
+    for layer in [*model.encoder.layers, *model.decoder.layers]:
+        assert layer.self_attn.dropout_module.p == 0.1
+    for layer in model.decoder.layers:
+        layer.encoder_attn.dropout_module.p = 0.0
+    d = task.source_dictionary
+    src = torch.randint(d.nspecial, len(d), (4, 9))
+    src[:, -1] = d.eos()
+    prev = torch.cat([torch.full((4, 1), d.eos()), src[:, :-1]], dim=1)
+    lengths = torch.full((4,), 9)
+
+    def forward():
+        return model(src, lengths, prev)[0].detach()
+
+    model.train()
+    first, second = forward(), forward()
+    assert (first - second).abs().max().item() > 1e-3, "two training forwards gave the same output"
+    model.eval()
+    evaluated = forward()
+    assert torch.equal(evaluated, forward())
+    for layer in [*model.encoder.layers, *model.decoder.layers]:
+        layer.self_attn.dropout_module.p = 0.0
+    assert torch.equal(evaluated, forward())  # eval with dropout 0.1 is the dropout-free model
