@@ -145,6 +145,8 @@ class RelativePositionEncoding(PositionEncoding):
 
     def value_term(self, probs: Tensor, offset: int) -> Optional[Tensor]:
         # Σ_j α_ij w^V_clip(j−i): sum the probability mass per distance, then mix.
+        # On CUDA scatter_add_ (and gather's backward) add atomically, in no fixed
+        # order: not bitwise deterministic there (docs/design.md).
         buckets = self._buckets(probs, probs.size(-1), offset)
         mass = probs.new_zeros(*probs.shape[:3], 2 * self.max_distance + 1)
         mass.scatter_add_(-1, buckets, probs)
