@@ -7,6 +7,8 @@ import json
 import re
 from dataclasses import replace
 
+import pytest
+
 from fairseq_rope.experiments import reproduce
 from fairseq_rope.data.prepare import multi30k
 from fairseq_rope.experiments.table import SCALES
@@ -20,6 +22,7 @@ SHORT_RUN = ["--", "--max-update", "6", "--save-interval-updates", "1", "--max-t
              "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
 
 
+@pytest.mark.slow  # minutes: cells trained and decoded end to end (make test-slow)
 def test_cells_of_both_multi30k_scales_and_their_tables(tmp_path, monkeypatch):
     table, _ = write_multi30k_release(tmp_path / "raw")
     monkeypatch.setattr(multi30k, "TASK1", table)  # the tiny files' own checksums
@@ -57,6 +60,7 @@ def test_cells_of_both_multi30k_scales_and_their_tables(tmp_path, monkeypatch):
     assert "## Length extrapolation" in (results / "multi30k-length.md").read_text()
 
 
+@pytest.mark.slow  # minutes: cells trained and decoded end to end (make test-slow)
 def test_a_converged_cell_scores_the_equal_budget_on_the_fixed_budget_trajectory(tmp_path, monkeypatch):
     """multi30k-converged, shrunk to an equal budget of 6 updates and a cap of 9: its eval-budget/
     is the multi30k cell of the same seed trained for 6 updates (the same hypotheses: one
