@@ -49,9 +49,11 @@ pip_install() {
     "$PY" -m pip install --quiet --no-index --find-links "$WHEELHOUSE" --prefix "$PREFIX" \
         --no-build-isolation --no-warn-script-location --disable-pip-version-check "$@"
 }
-pip_install -r "$WHEELHOUSE/requirements.txt"
-pip_install --no-deps "$WHEELHOUSE"/fairseq_fixed-*.tar.gz  # its C++ against the node's torch
-pip_install --no-deps "$WHEELHOUSE"/fairseq_rope-*.whl
+pip_install -r "$WHEELHOUSE/requirements.txt"  # by name: what the node has is kept as it is
+# --ignore-installed: pip would otherwise uninstall a fairseq or fairseq-rope the node's
+# environment already has before installing into the prefix (seen here).
+pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_fixed-*.tar.gz  # its C++ against the node's torch
+pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_rope-*.whl
 (cd /tmp && "$PY" -c "import fairseq_rope, fairseq, torch; print('fairseq-rope installed in $PREFIX: torch',
     torch.__version__, '(CUDA', torch.version.cuda, '), fairseq', fairseq.__version__)") >&2
 echo "export PYTHONPATH=\"$PYTHONPATH\" PATH=\"$PATH\""
