@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
-from pathlib import Path
 
 import pytest
 

@@ -14,7 +14,7 @@ import torch
 from fairseq_rope.experiments import collect, reproduce
 from fairseq_rope.evaluation.averaging import average_checkpoints
 from fairseq_rope.experiments.config import load_experiment
-from fairseq_rope.experiments.device import CPU, Device
+from fairseq_rope.experiments.device import CPU
 from fairseq_rope.experiments.table import (
     ROWS,
     SCALES,
