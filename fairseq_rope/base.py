@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -149,9 +150,18 @@ def fairseq_command(name: str) -> List[str]:
     return [sys.executable, "-m", "fairseq_cli." + name.split("-", 1)[1].replace("-", "_")]
 
 
+def portable(text: str, root: PathLike) -> str:
+    """``text`` with absolute paths under ``root`` written relative to it (``root`` itself as
+    ``.``): a committed result names the command that made it, not the machine's directories."""
+    prefix = re.escape(str(Path(root).resolve()).rstrip("/"))
+    return re.sub(prefix + r"(?:/|(?=[\s'\":]|$))", lambda m: "" if m.group(0).endswith("/") else ".", text)
+
+
 def command_line(script: str, argv: Optional[Sequence[str]] = None) -> str:
-    """How an entry point was invoked, for the reports it writes (``argv`` None: the process's)."""
-    return " ".join(shlex.quote(a) for a in [script, *(sys.argv[1:] if argv is None else argv)])
+    """How an entry point was invoked, for the reports it writes (``argv`` None: the process's),
+    with paths under the working directory relative to it."""
+    invoked = " ".join(shlex.quote(a) for a in [script, *(sys.argv[1:] if argv is None else argv)])
+    return portable(invoked, os.getcwd())
 
 
 # --- Provenance: what a result was measured on and with

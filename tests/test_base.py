@@ -30,3 +30,18 @@ def test_git_commit_names_the_checkout_and_says_when_it_is_modified(tmp_path, mo
 
 def test_cpu_model_and_cores():
     assert base.cpu_model() and base.usable_cores() >= 1
+
+
+def test_portable_writes_paths_under_the_root_relative_to_it(tmp_path):
+    root = tmp_path / "checkout"
+    text = (f"fairseq-train {root}/work/data-bin --save-dir '{root}/work/run' --user-dir {root} "
+            f"--restore-file {tmp_path}/elsewhere/ckpt.pt --data {root}:{root}x/y")
+    assert base.portable(text, root) == (
+        f"fairseq-train work/data-bin --save-dir 'work/run' --user-dir . "
+        f"--restore-file {tmp_path}/elsewhere/ckpt.pt --data .:{root}x/y")
+
+
+def test_command_line_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert base.command_line("scripts/x.py", [str(tmp_path / "runs" / "a"), "--out", "/elsewhere/b"]) == \
+        "scripts/x.py runs/a --out /elsewhere/b"

@@ -24,6 +24,7 @@ file atomically, into ``docs/results/``:
 from __future__ import annotations
 
 import datetime
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -31,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from fairseq_rope import base
 from fairseq_rope.experiments.config import ConfigError, load_experiment
 from fairseq_rope.data.prepare.pipeline import sha256_file
-from fairseq_rope.base import read_lines
+from fairseq_rope.base import portable, read_lines
 from fairseq_rope.evaluation.report import finish, markdown_table, new_axes, pyplot
 from fairseq_rope.evaluation.scoring import RUNAWAY_RATIO
 from fairseq_rope.evaluation.significance import N_SAMPLES, paired_bootstrap
@@ -422,17 +423,29 @@ def commands(runs: Runs) -> List[str]:
     for name, rs in runs.items():
         for r in rs:
             command_txt = Path(r["run_dir"]) / "command.txt"
-            ran = (command_txt.read_text(encoding="utf-8").strip() if command_txt.is_file()
-                   else f"# ({command_txt} is missing)")
+            ran = (ran_portably(command_txt.read_text(encoding="utf-8")) if command_txt.is_file()
+                   else f"# ({_shown_path(command_txt)} is missing)")
             lines += [f"# {name}, seed {r['seed']}", r.get("reproduce_command", ""),
                       "# ran (command.txt):", ran, ""]
     return lines[:-1] + ["```"]
 
 
+def ran_portably(command_txt: str) -> str:
+    """command.txt (``cd DIR`` then fairseq-train) with DIR's paths relative to DIR: the
+    command as run from the checkout's root, wherever that checkout was."""
+    cd, _, command = command_txt.strip().partition("\n")
+    root = shlex.split(cd)[1] if cd.startswith("cd ") else None
+    return command_txt.strip() if root is None else "# from the checkout's root:\n" + portable(command, root)
+
+
 def _shown_path(path: Any) -> str:
-    """A path relative to the repository when inside it (the table is committed), else absolute."""
+    """A path relative to the repository (the table is committed) or else to the working
+    directory (a worktree of it) when inside one, else absolute."""
     path = Path(path).resolve()
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    for root in (REPO, Path.cwd().resolve()):
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return str(path)
 
 
 def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path],

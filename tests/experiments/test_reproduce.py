@@ -271,7 +271,7 @@ def write_run(work: Path, scale: str, row: str, seed: int, bleu: float, sacre: O
     scale_, row_ = SCALES[scale], ROWS[row]
     save = run_dir(work, scale_, row_, seed)
     (save / "eval").mkdir(parents=True)
-    train = f"fairseq-train DATA --arch arch_{row} --seed {seed} {' '.join(extra)}".strip()
+    train = f"fairseq-train /repo/DATA --arch arch_{row} --seed {seed} {' '.join(extra)}".strip()
     (save / "command.txt").write_text(f"cd /repo\n{train}\n")
     (save / "train.log").write_text(TRAIN_LOG)
     (save / "eval" / "results.json").write_text(json.dumps({"bleu_tokenized": bleu, "sacrebleu": sacre}))
@@ -368,8 +368,10 @@ def test_collect_on_fake_runs(tmp_path):
     assert "| 25.00 | — |" in learned and "| — |" in learned  # no sacreBLEU; no paper row
     rpe = table_line(md, "rpe")
     assert "not run" in rpe and "26.8 (Shaw et al.)" in rpe and "`transformer_rpe_tiny`" in rpe
-    # The commands, from each run's command.txt, and the reproduce command.
-    assert "fairseq-train DATA --arch arch_learned --seed 1 --max-update 60" in md
+    # The commands, from each run's command.txt (paths relative to the checkout it ran in), and
+    # the reproduce command.
+    assert "# from the checkout's root:\nfairseq-train DATA --arch arch_learned --seed 1 --max-update 60" in md
+    assert "/repo" not in md
     assert "scripts/reproduce_table.sh learned --scale demo --seed 1 -- --max-update 60" in md
     assert "![validation loss](demo_valid_loss.png)" in md
     assert "| trained with |" in md and "| not recorded |" in md  # runs made before it was
