@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
 
@@ -39,11 +39,14 @@ def generate_command(checkpoint: Path, data_bin: Path, subset: str = "test",
 
 
 def generate(checkpoint: Path, data_bin: Path, out: Path, subset: str = "test",
-             settings: Mapping[str, Any] = TABLE_DECODING, score_reference: bool = False) -> List[str]:
-    """Decode (or with ``score_reference`` force-decode) ``subset`` into ``out``; returns the command."""
+             settings: Mapping[str, Any] = TABLE_DECODING, score_reference: bool = False,
+             extra: Sequence[str] = ()) -> List[str]:
+    """Decode (or with ``score_reference`` force-decode) ``subset`` into ``out``, with ``extra``
+    fairseq-generate arguments last (``--model-overrides …``); returns the command."""
     command = generate_command(checkpoint, data_bin, subset, settings)
     if score_reference:
         command.append("--score-reference")
+    command += extra
     with open(out, "w", encoding="utf-8") as f:
         result = subprocess.run([*fairseq_command(command[0]), *command[1:]], stdout=f,
                                 stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,251 @@
+"""Inference-time RoPE scaling on the length study (issue 28): every scaling decoded on
+the same trained RoPE models, per source-length bucket against plain RoPE.
+
+``scripts/rope_scaling_study.py RUN_DIR [RUN_DIR ...] --out docs/results/rope_scaling_multi30k-length
+[--factors 1.5,2,3] [--baselines RUN_DIR ...]``
+
+Each RUN_DIR is an evaluated ``rope`` run of a length study (``multi30k-length``): its
+averaged checkpoint (``checkpoint_avg_last5.pt``) decodes the test set once per
+:class:`Variant`, with the scaling passed through ``fairseq-generate --model-overrides``
+(the checkpoint is not changed), into ``RUN_DIR/scaling/<variant>/generate-test.txt``; a
+rerun decodes only what is missing. The original length ``L`` that the rules scale from
+is the run's longest training pair, in subword tokens with EOS (source or target,
+whichever is longer): the longest position the model saw in training.
+
+Per variant and bucket (:data:`~fairseq_rope.experiments.table.MULTI30K_EDGES`, raw English
+words): tokenized BLEU and hypothesis/reference length (means over the runs), hypotheses
+longer than 1.5x their reference, and, for buckets past the training length with enough
+sentences, sacrebleu's paired bootstrap of the variant against plain RoPE on the runs'
+test sets pooled. ``--baselines`` adds other evaluated runs of the same study (sinusoidal,
+alibi) as rows, from their own decoding, without scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from fairseq_rope import base
+from fairseq_rope.base import FairseqRopeError, command_line, read_lines, report_error
+from fairseq_rope.evaluation.bleu_by_length import Bucket, bleu_by_length, buckets_for, source_lengths
+from fairseq_rope.evaluation.decoding import generate
+from fairseq_rope.evaluation.report import markdown_table
+from fairseq_rope.evaluation.scoring import (
+    Translation,
+    detokenize,
+    read_generate_output,
+    runaways,
+)
+from fairseq_rope.evaluation.significance import paired_bootstrap
+from fairseq_rope.experiments.reproduce import longest_training_pair
+from fairseq_rope.experiments.table import MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
+
+#: Scalings whose factor the rule derives from lengths (no sweep), and those swept over S.
+RULE_SCALINGS = ("source", "dynamic-ntk")
+SWEPT_SCALINGS = ("linear", "ntk", "yarn")
+DEFAULT_FACTORS = (1.5, 2.0, 3.0)
+#: Fewest pooled sentences in a bucket for a paired bootstrap (fewer: not tested).
+MIN_BOOTSTRAP_SENTENCES = 50
+PLAIN = "none"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One decoding of a RoPE model: a ``--rope-scaling`` mode and, if swept, its factor."""
+
+    scaling: str
+    factor: Optional[float] = None
+
+    @property
+    def name(self) -> str:
+        return self.scaling if self.factor is None else f"{self.scaling}-{self.factor:g}"
+
+    def overrides(self, original_length: int) -> Dict[str, Any]:
+        """The model arguments this decoding overrides (plain RoPE: none)."""
+        if self.scaling == PLAIN:
+            return {}
+        values: Dict[str, Any] = {"rope_scaling": self.scaling, "rope_original_length": original_length}
+        if self.factor is not None:
+            values["rope_scaling_factor"] = self.factor
+        return values
+
+
+def variants(factors: Sequence[float] = DEFAULT_FACTORS) -> List[Variant]:
+    """Plain RoPE, the length-derived rules, then each swept scaling at each factor."""
+    return ([Variant(PLAIN)] + [Variant(s) for s in RULE_SCALINGS]
+            + [Variant(s, f) for s in SWEPT_SCALINGS for f in factors])
+
+
+def original_length(data_bin: Path) -> int:
+    """The longest training position: the longest training source or target, EOS included."""
+    return max(longest_training_pair(data_bin).values())
+
+
+@dataclass(frozen=True)
+class EvaluatedRun:
+    """What a study needs of an evaluated run (its ``eval/results.json``)."""
+
+    run_dir: Path
+    checkpoint: Path
+    data_bin: Path
+    raw_reference: Path
+    target_lang: str
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "EvaluatedRun":
+        path = run_dir / "eval" / "results.json"
+        if not path.is_file():
+            raise FairseqRopeError(f"{run_dir} is not evaluated (no {path})")
+        results = json.loads(path.read_text(encoding="utf-8"))
+        return cls(run_dir, Path(results["checkpoint"]), Path(results["data"]),
+                   Path(results["raw_reference"]), results["target_lang"])
+
+    def decode(self, variant: Variant, length: int) -> Path:
+        """``RUN_DIR/scaling/<variant>/generate-test.txt``, decoded unless it exists."""
+        out = self.run_dir / "scaling" / variant.name / "generate-test.txt"
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            overrides = variant.overrides(length)
+            print(f"decoding {self.run_dir} with {variant.name}", file=sys.stderr)
+            with base.atomic_path(out) as tmp:
+                generate(self.checkpoint, self.data_bin, tmp,
+                         extra=["--model-overrides", repr(overrides)] if overrides else ())
+        return out
+
+
+def measure(translations: Sequence[Translation], sources: Sequence[str]) -> List[Dict[str, Any]]:
+    """The length study's buckets (BLEU, hypothesis/reference length), with runaways per bucket."""
+    rows = bleu_by_length(translations, MULTI30K_EDGES, sources)
+    lengths = dict(zip((t.id for t in translations), source_lengths(translations, sources)))
+    for row in rows:
+        bucket = Bucket(row["low"], row["high"])
+        row["runaways"] = runaways([t for t in translations if bucket.contains(max(1, lengths[t.id]))]
+                                   )["longer_than_ratio"]
+    return rows
+
+
+def study(run_dirs: Sequence[Path], factors: Sequence[float] = DEFAULT_FACTORS,
+          baselines: Sequence[Path] = ()) -> Dict[str, Any]:
+    """Decode every variant of every run (what is missing) and measure it; JSON-ready."""
+    runs = [EvaluatedRun.read(r) for r in run_dirs]
+    if not runs:
+        raise FairseqRopeError("no runs to study")
+    sources = read_lines(runs[0].data_bin.parent / "raw" / "test.en")
+    decoded: Dict[str, List[List[Translation]]] = {}
+    report: Dict[str, Any] = {"length_unit": "raw English words of test.en", "original_length": {},
+                              "variants": {}, "baselines": {}}
+    for run in runs:
+        length = original_length(run.data_bin)
+        report["original_length"][str(run.run_dir)] = length
+        for variant in variants(factors):
+            decoded.setdefault(variant.name, []).append(read_generate_output(run.decode(variant, length)))
+    for name, per_run in decoded.items():
+        report["variants"][name] = [measure(t, sources) for t in per_run]
+    for run_dir in baselines:
+        row = run_dir.parent.name  # WORK/SCALE/ROW/seedN
+        translations = read_generate_output(run_dir / "eval" / "generate-test.txt")
+        report["baselines"].setdefault(row, []).append(measure(translations, sources))
+    report["significance"] = significance(decoded, sources, read_lines(runs[0].raw_reference),
+                                          runs[0].target_lang)
+    return report
+
+
+def significance(decoded: Dict[str, List[List[Translation]]], sources: Sequence[str],
+                 references: Sequence[str], target_lang: str) -> Dict[str, Dict[str, Any]]:
+    """Per variant and bucket past the training length: sacrebleu's paired bootstrap against
+    plain RoPE on the runs' test sets pooled (detokenized hypotheses, raw references)."""
+    lengths = [max(1, len(line.split())) for line in sources]
+    tests: Dict[str, Dict[str, Any]] = {}
+    for bucket in buckets_for(MULTI30K_EDGES, lengths):
+        ids = [i for i, n in enumerate(lengths) if bucket.contains(n)]
+        if bucket.low < MULTI30K_MAX_TRAIN_WORDS or len(ids) * len(decoded[PLAIN]) < MIN_BOOTSTRAP_SENTENCES:
+            continue
+        for name, per_run in decoded.items():
+            if name == PLAIN:
+                continue
+            texts: List[List[str]] = [[], [], []]
+            for plain, run in zip(decoded[PLAIN], per_run):
+                hyps = [{t.id: t.hypothesis for t in translations} for translations in (plain, run)]
+                texts[0] += detokenize([hyps[0][i] for i in ids], target_lang)
+                texts[1] += detokenize([hyps[1][i] for i in ids], target_lang)
+                texts[2] += [references[i] for i in ids]
+            test = paired_bootstrap(*texts)["BLEU"]
+            tests.setdefault(name, {})[bucket.label] = {"sentences": len(texts[2]), **test}
+    return tests
+
+
+# --- The report
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None]
+    return statistics.mean(present) if present else None
+
+
+def _cells(per_run: Sequence[List[Dict[str, Any]]], key: str, fmt: str) -> List[str]:
+    """One cell per bucket: the mean over the runs of ``key``."""
+    cells = []
+    for i in range(len(per_run[0])):
+        value = _mean([rows[i][key] for rows in per_run])
+        cells.append("—" if value is None else format(value, fmt))
+    return cells
+
+
+def render(report: Dict[str, Any], command: str) -> str:
+    """The study as markdown: BLEU, length ratio and runaways per bucket, then the p-values."""
+    plain = report["variants"][PLAIN]
+    labels = [row["bucket"] + ("†" if row["low"] >= MULTI30K_MAX_TRAIN_WORDS else "") for row in plain[0]]
+    sizes = [str(row["sentences"]) for row in plain[0]]
+    rows = {**{f"rope, {name}": runs for name, runs in report["variants"].items()},
+            **{f"{name} (no scaling)": runs for name, runs in report["baselines"].items()}}
+    out = [f"# RoPE scaling on the length study", "",
+           f"Written by `{command}` on {datetime.date.today().isoformat()}. Every rope row decodes the "
+           f"same {len(plain)} trained RoPE model(s) (their averaged checkpoints) with the scaling "
+           "given to fairseq-generate by `--model-overrides`; beam 4, length penalty 0.6. Original "
+           f"length L (the longest training pair, subword tokens with EOS): "
+           f"{', '.join(map(str, sorted(set(report['original_length'].values()))))}. Buckets: "
+           f"{report['length_unit']}; † past the training length ({MULTI30K_MAX_TRAIN_WORDS} words). "
+           "Means over the runs.", ""]
+    header = ["decoding", *(f"{label} (n={n})" for label, n in zip(labels, sizes))]
+    for title, key, fmt in (("BLEU (tokenized, compound-split)", "bleu", ".2f"),
+                            ("Hypothesis / reference length", "length_ratio", ".3f"),
+                            ("Hypotheses longer than 1.5x their reference (per run)", "runaways", ".1f")):
+        out += [f"## {title}", ""]
+        out += markdown_table(header, [[name, *_cells(runs, key, fmt)] for name, runs in rows.items()]) + [""]
+    out += ["## Against plain RoPE past the training length", "",
+            "sacrebleu's paired bootstrap (sacreBLEU on detokenized hypotheses and raw references), "
+            f"the runs' sentences of each bucket pooled; buckets with fewer than {MIN_BOOTSTRAP_SENTENCES} "
+            "pooled sentences are not tested.", ""]
+    tested = sorted({label for tests in report["significance"].values() for label in tests})
+    lines = [[name, *(f"{t['baseline']:.2f} → {t['system']:.2f} (p {t['p_value']:.3f})"
+                      if (t := tests.get(label)) else "—" for label in tested)]
+             for name, tests in report["significance"].items()]
+    out += (markdown_table(["decoding", *tested], lines) if lines else ["No bucket to test."]) + [""]
+    return "\n".join(out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/rope_scaling_study.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="evaluated rope runs of a length study (SAVE_DIR)")
+    parser.add_argument("--out", type=Path, required=True, help="output path without suffix (.json, .md)")
+    parser.add_argument("--factors", default=",".join(f"{f:g}" for f in DEFAULT_FACTORS),
+                        help="factors S swept for linear, ntk and yarn (default: %(default)s)")
+    parser.add_argument("--baselines", nargs="*", type=Path, default=[],
+                        help="other evaluated runs of the study shown without scaling (ROW/seedN)")
+    args = parser.parse_args(argv)
+    command = command_line("scripts/rope_scaling_study.py", argv)
+    try:
+        factors = [float(f) for f in args.factors.split(",")]
+        report = study(args.runs, factors, args.baselines)
+    except (FairseqRopeError, OSError, ValueError) as e:
+        return report_error(e)
+    base.write_json(args.out.with_suffix(".json"), {"command": command, **report})
+    base.write_text(args.out.with_suffix(".md"), render(report, command))
+    print(f"wrote {args.out.with_suffix('.md')}", file=sys.stderr)
+    return 0

@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""Inference-time RoPE scaling on a length study's rope runs (see
+fairseq_rope/experiments/scaling_study.py).
+
+    scripts/rope_scaling_study.py work/multi30k-length/rope/seed1 work/multi30k-length/rope/seed2 \
+        --baselines work/multi30k-length/sinusoidal/seed1 work/multi30k-length/sinusoidal/seed2 \
+        --out docs/results/rope_scaling_multi30k-length
+
+Decodes each run's averaged checkpoint once per scaling (plain, source, dynamic-ntk, and
+linear/ntk/yarn at each --factors value) and writes NAME.json and NAME.md: BLEU, length
+ratio and runaways per source-length bucket, and paired bootstrap against plain RoPE past
+the training length. A rerun decodes only what is missing.
+"""
+
+import sys
+
+from fairseq_rope.experiments.scaling_study import main
+
+if __name__ == "__main__":
+    sys.exit(main())

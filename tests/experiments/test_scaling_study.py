@@ -1,0 +1,118 @@
+"""The RoPE scaling study on fake decodings: buckets, runaways and paired tests, against
+sacrebleu computed directly; and the decodings it asks fairseq-generate for."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import List, Sequence
+
+from sacrebleu.metrics import BLEU
+
+from fairseq_rope.experiments import scaling_study
+from fairseq_rope.experiments.scaling_study import PLAIN, Variant
+
+WORDS = "ein der die das Hund Mann Frau Kind läuft sitzt auf dem Gras Straße rot blau".split()
+
+
+def sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def write_generate(path: Path, sources: Sequence[str], refs: Sequence[str], hyps: Sequence[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"S-{i}\t{s}\nT-{i}\t{r}\nH-{i}\t-0.5\t{h}\n"
+                            for i, (s, r, h) in enumerate(zip(sources, refs, hyps))), encoding="utf-8")
+
+
+def fake_runs(tmp_path: Path, seeds: int = 2):
+    """Two rope runs: 20 short sources (5 words) and 60 past the training length (14 words).
+    Plain RoPE drops the second half of each long hypothesis; linear-2 translates perfectly;
+    ntk-2 doubles every long hypothesis (a runaway); the other variants equal plain."""
+    rng = random.Random(0)
+    sources = [sentence(rng, 5) for _ in range(20)] + [sentence(rng, 14) for _ in range(60)]
+    refs = [sentence(rng, len(s.split())) for s in sources]
+    data = tmp_path / "data"
+    (data / "raw").mkdir(parents=True)
+    (data / "data-bin").mkdir()
+    (data / "raw" / "test.en").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    (data / "raw" / "test.de").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    short = [r if len(s.split()) <= 12 else " ".join(r.split()[:7]) for s, r in zip(sources, refs)]
+    runs = []
+    for seed in range(1, seeds + 1):
+        run = tmp_path / "work" / "multi30k-length" / "rope" / f"seed{seed}"
+        (run / "eval").mkdir(parents=True)
+        (run / "eval" / "results.json").write_text(json.dumps({
+            "checkpoint": str(run / "checkpoint_avg_last5.pt"), "data": str(data / "data-bin"),
+            "raw_reference": str(data / "raw" / "test.de"), "target_lang": "de"}))
+        for variant in scaling_study.variants():
+            hyps = {"linear-2": refs, "ntk-2": [r if len(s.split()) <= 12 else r + " " + r
+                                                 for s, r in zip(sources, refs)]}.get(variant.name, short)
+            write_generate(run / "scaling" / variant.name / "generate-test.txt", sources, refs, hyps)
+        runs.append(run)
+    sinusoidal = tmp_path / "work" / "multi30k-length" / "sinusoidal" / "seed1"
+    write_generate(sinusoidal / "eval" / "generate-test.txt", sources, refs, short)
+    return runs, sinusoidal, sources, refs, short
+
+
+def bleu(hyps: List[str], refs: List[str]) -> float:
+    return BLEU(tokenize="none").corpus_score(hyps, [refs]).score
+
+
+def test_study_measures_each_bucket_and_tests_past_the_training_length(tmp_path, monkeypatch):
+    runs, sinusoidal, sources, refs, short = fake_runs(tmp_path)
+    monkeypatch.setattr(scaling_study, "original_length", lambda data_bin: 20)
+    monkeypatch.setattr(scaling_study, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decoded")))
+    report = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])
+
+    assert set(report["variants"]) == {v.name for v in scaling_study.variants((2.0,))}
+    long = slice(20, 80)
+    plain = {row["bucket"]: row for row in report["variants"][PLAIN][0]}
+    assert plain["1-8"]["sentences"] == 20 and plain["13-16"]["sentences"] == 60
+    assert abs(plain["13-16"]["bleu"] - bleu(short[long], refs[long])) < 1e-9
+    assert abs(plain["1-8"]["bleu"] - 100.0) < 1e-9
+    assert plain["13-16"]["length_ratio"] == sum(len(h.split()) for h in short[long]) / (60 * 14)
+    perfect = {row["bucket"]: row for row in report["variants"]["linear-2"][1]}
+    assert abs(perfect["13-16"]["bleu"] - 100.0) < 1e-9 and perfect["13-16"]["length_ratio"] == 1.0
+    doubled = {row["bucket"]: row for row in report["variants"]["ntk-2"][0]}
+    assert doubled["13-16"]["runaways"] == 60 and doubled["1-8"]["runaways"] == 0
+    assert report["baselines"]["sinusoidal"][0][0]["bucket"] == "1-8"
+
+    # Paired tests: only past the training length (12 words), both runs pooled.
+    tests = report["significance"]
+    assert set(tests["linear-2"]) == {"13-16"}
+    better = tests["linear-2"]["13-16"]
+    assert better["sentences"] == 120 and abs(better["system"] - 100.0) < 1e-9 and better["p_value"] < 0.05
+    assert abs(better["baseline"] - BLEU().corpus_score(short[long] * 2, [refs[long] * 2]).score) < 1e-9
+    same = tests["yarn-2"]["13-16"]  # decodes as plain RoPE does
+    assert same["system"] == same["baseline"] == better["baseline"]
+
+    md = scaling_study.render(report, "scripts/rope_scaling_study.py X")
+    assert "`scripts/rope_scaling_study.py X`" in md and "13-16† (n=60)" in md
+    assert "| rope, linear-2 |" in md and "| sinusoidal (no scaling) |" in md
+    assert "100.00 (p " in md.split("## Against plain RoPE")[1]
+
+
+def test_variants_reach_fairseq_generate_as_model_overrides(tmp_path, monkeypatch):
+    runs, *_ = fake_runs(tmp_path, seeds=1)
+    calls = []
+    decoded = (runs[0] / "scaling" / PLAIN / "generate-test.txt").read_text()
+
+    def fake_generate(checkpoint, data_bin, out, extra=()):
+        calls.append((Path(checkpoint).name, list(extra)))
+        Path(out).write_text(decoded)
+
+    monkeypatch.setattr(scaling_study, "generate", fake_generate)
+    run = scaling_study.EvaluatedRun.read(runs[0])
+    for variant in (Variant(PLAIN), Variant("source"), Variant("yarn", 2.0)):
+        (runs[0] / "scaling" / variant.name / "generate-test.txt").unlink()
+        run.decode(variant, 31)
+    assert calls == [
+        ("checkpoint_avg_last5.pt", []),
+        ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'source', 'rope_original_length': 31}"]),
+        ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'yarn', 'rope_original_length': 31, "
+                                     "'rope_scaling_factor': 2.0}"]),
+    ]
+    run.decode(Variant("yarn", 2.0), 31)  # decoded already: not again
+    assert len(calls) == 3
