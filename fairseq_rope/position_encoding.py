@@ -16,6 +16,13 @@ An encoding that acts on q and k alone (it overrides neither ``logit_bias``
 nor ``value_term``; :attr:`PositionEncoding.qk_only` says so, derived from the
 class) lets the attention take a lean beam-search step, which asks for one new
 position through :meth:`PositionEncoding.encode_step` instead.
+
+An encoding may depend on each sentence's source length (RoPE scaled by it):
+it says so with :attr:`PositionEncoding.uses_source_lengths`, and the model's
+encoder and decoder then give it the lengths before each forward
+(:meth:`PositionEncoding.set_source_lengths`), the decoder those of the
+sentences its batch rows translate (beam search reorders them with the encoder
+output).
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ class PositionEncoding(nn.Module):
     #: encoding cannot claim it by mistake.
     qk_only: bool = True
 
+    #: True if the encoding needs :meth:`set_source_lengths` before each forward.
+    uses_source_lengths: bool = False
+
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         cls.qk_only = (cls.logit_bias is PositionEncoding.logit_bias
@@ -43,6 +53,10 @@ class PositionEncoding(nn.Module):
 
     def bind_heads(self, num_heads: int) -> None:
         """Told by the owning attention module its number of heads (for per-head parameters)."""
+
+    def set_source_lengths(self, lengths: Optional[Tensor]) -> None:
+        """Told, when :attr:`uses_source_lengths`, each sentence's number of source tokens
+        (EOS included, padding not), shape (B,), or None where there is no source."""
 
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
         return q, k

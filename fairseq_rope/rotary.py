@@ -25,6 +25,11 @@ dimensions of each head are rotated; the rest pass through unchanged.
 Angles are always computed in fp32 (fp64 for fp64 inputs), whatever the dtype
 of q and k: in fp16 the position 20000 is not even representable to the unit,
 let alone its product with θ_1. Only the final cos/sin are cast to q's dtype.
+
+For inputs longer than training, the frequencies can be scaled
+(:mod:`fairseq_rope.rope_scaling`): a fixed scale changes only the shared
+tables' frequencies; a scale that follows each sentence's source length
+rotates each sentence with its own.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch
 from torch import Tensor
 
 from fairseq_rope.position_encoding import PositionEncoding
+from fairseq_rope.rope_scaling import RopeScaling
 
 Layout = Literal["interleaved", "half"]
 LAYOUTS: Tuple[str, ...] = ("interleaved", "half")
@@ -80,6 +86,19 @@ def inverse_frequencies(
     """θ_i = base^(−2(i−1)/d) for i = 1 … d/2 (Eq. 15), shape (d/2,)."""
     exponents = torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device)
     return (float(theta) ** (-exponents / rope_dim)).to(dtype)
+
+
+def scaled_frequencies(
+    rope_dim: int,
+    theta: float,
+    scaling: Optional[RopeScaling],
+    device: Optional[torch.device] = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """θ_i (Eq. 15), or their scaling at its fixed scale S: computed in fp64, then cast."""
+    if scaling is None:
+        return inverse_frequencies(rope_dim, theta, device, dtype)
+    return scaling.frequencies(inverse_frequencies(rope_dim, theta, device, torch.float64), scaling.factor).to(dtype)
 
 
 def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
@@ -253,16 +272,17 @@ class _CosSinTable:
         return self.cos.size(0)
 
 
-#: Most cos/sin tables :func:`cos_sin` keeps: one per (rope_dim, theta, device,
-#: dtype) in use. A model needs one or two (its rope_dim and dtype on its device);
+#: Most cos/sin tables :func:`cos_sin` keeps: one per (rope_dim, theta, scaling,
+#: device, dtype) in use. A model needs one or two (its rope_dim and dtype on its device);
 #: beyond this bound the least recently used table is dropped and, if needed
 #: again, rebuilt identically.
 COS_SIN_CACHE_SIZE = 16
 
-# Tables are shared by every layer (and model) with the same (rope_dim, theta),
-# per device and dtype; they hold no parameters and never enter a state dict.
-# Least recently used first.
-_TABLES: "OrderedDict[Tuple[int, float, torch.device, torch.dtype], _CosSinTable]" = OrderedDict()
+# Tables are shared by every layer (and model) with the same (rope_dim, theta) and
+# fixed scaling (None: unscaled), per device and dtype; they hold no parameters and
+# never enter a state dict. Least recently used first.
+TableKey = Tuple[int, float, torch.device, torch.dtype, Optional[RopeScaling]]
+_TABLES: "OrderedDict[TableKey, _CosSinTable]" = OrderedDict()
 
 
 # The last lookup and its slices. Every layer of an encoder or decoder asks for the
@@ -276,6 +296,7 @@ def clear_cos_sin_cache() -> None:
     _TABLES.clear()
     _LAST_LOOKUP[:] = [None, None]
     _LAST_STEP[:] = [None, ()]
+    _LAST_SENTENCES[:] = [None, None]
 
 
 def cos_sin(
@@ -285,8 +306,10 @@ def cos_sin(
     device: torch.device,
     dtype: torch.dtype,
     offset: int = 0,
+    scaling: Optional[RopeScaling] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """cos and sin of the angles for positions offset … offset+length−1.
+    """cos and sin of the angles for positions offset … offset+length−1, at the
+    frequencies of a fixed ``scaling`` if given.
 
     Served from a cache that grows (to the next power of two) on demand, so
     there is no maximum length; angles are computed in fp32 and only the final
@@ -294,30 +317,35 @@ def cos_sin(
     :data:`COS_SIN_CACHE_SIZE` tables (least recently used dropped first);
     :func:`clear_cos_sin_cache` empties it.
     """
-    cos, sin, _ = _cached_angles(length, rope_dim, theta, device, dtype, offset)
+    cos, sin, _ = _cached_angles(length, rope_dim, theta, device, dtype, offset, scaling)
     return cos, sin
 
 
 def _cached_angles(
-    length: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, offset: int
+    length: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, offset: int,
+    scaling: Optional[RopeScaling] = None,
 ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """:func:`cos_sin` and, for dtypes with a complex counterpart, cos + i·sin."""
     # Slices taken under inference mode are not for autograd: a separate entry.
-    lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled())
+    lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled(), scaling)
     if _LAST_LOOKUP[0] == lookup:
         return _LAST_LOOKUP[1]
     needed = offset + length
-    table = _table(rope_dim, theta, device, dtype, needed)
+    table = _table(rope_dim, theta, device, dtype, needed, scaling)
     cis = None if table.cis is None else table.cis[offset:needed]
     angles = (table.cos[offset:needed], table.sin[offset:needed], cis)
     _LAST_LOOKUP[:] = [lookup, angles]
     return angles
 
 
-def _table(rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, needed: int) -> "_CosSinTable":
-    """The shared table of (rope_dim, θ) on ``device`` in ``dtype``, holding at least
-    ``needed`` positions; built or grown on demand, least recently used dropped."""
-    key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype)
+def _table(
+    rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, needed: int,
+    scaling: Optional[RopeScaling] = None,
+) -> "_CosSinTable":
+    """The shared table of (rope_dim, θ, a fixed scaling or None) on ``device`` in ``dtype``,
+    holding at least ``needed`` positions; built or grown on demand, least recently used dropped."""
+    key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype,
+           scaling)
     table = _TABLES.get(key)
     if table is None or table.capacity < needed:
         capacity = max(256, 1 << (needed - 1).bit_length())
@@ -326,7 +354,7 @@ def _table(rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype
         # make every later training step fail ("Inference tensors cannot be
         # saved for backward"), the backward saving cos/sin.
         with torch.inference_mode(False):
-            inv_freq = inverse_frequencies(rope_dim, theta, device, angle_dtype(dtype))
+            inv_freq = scaled_frequencies(rope_dim, theta, scaling, device, angle_dtype(dtype))
             table = _CosSinTable(inv_freq, dtype, capacity)
         _TABLES[key] = table
         while len(_TABLES) > COS_SIN_CACHE_SIZE:
@@ -342,15 +370,46 @@ _LAST_STEP: List[Any] = [None, ()]
 
 def _step_multipliers(
     offset: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, q_scale: float,
-    head_dim: int, layout: Layout,
+    head_dim: int, layout: Layout, scaling: Optional[RopeScaling] = None,
 ) -> Any:
     """Position ``offset``'s entry of :meth:`_CosSinTable.step_multipliers`."""
-    lookup = (rope_dim, theta, device, dtype, q_scale, head_dim, layout)
+    lookup = (rope_dim, theta, device, dtype, q_scale, head_dim, layout, scaling)
     steps = _LAST_STEP[1]
     if offset >= len(steps) or _LAST_STEP[0] != lookup:
-        steps = _table(rope_dim, theta, device, dtype, offset + 1).step_multipliers(q_scale, head_dim, layout)
+        table = _table(rope_dim, theta, device, dtype, offset + 1, scaling)
+        steps = table.step_multipliers(q_scale, head_dim, layout)
         _LAST_STEP[:] = [lookup, steps]
     return steps[offset]
+
+
+# The last per-sentence lookup (see sentence_cos_sin). Every layer of an encoder or
+# decoder rotates the same sentences at the same positions in one forward pass, and
+# is given the same source-length tensor: the first layer computes, the others reuse.
+_LAST_SENTENCES: List[Any] = [None, None]
+
+
+def sentence_cos_sin(
+    scaling: RopeScaling, source_lengths: Tensor, length: int, rope_dim: int, theta: float,
+    dtype: torch.dtype, offset: int = 0,
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """cos and sin, (B, 1, length, rope_dim/2), of positions offset … offset+length−1 for each
+    sentence at its own scale s = ``scaling.scale(source_lengths)``; and YaRN's logit factor 1/t
+    per sentence, (B, 1, 1, 1), or None. Angles in fp32 (fp64 for fp64), like the tables."""
+    lookup = (length, offset, rope_dim, theta, dtype, torch.is_inference_mode_enabled(), scaling)
+    last = _LAST_SENTENCES[0]
+    if last is not None and last[0] is source_lengths and last[1] == lookup:
+        return _LAST_SENTENCES[1]
+    device = source_lengths.device
+    scale = scaling.scale(source_lengths)[:, None]  # (B, 1), fp64
+    inv_freq = scaling.frequencies(inverse_frequencies(rope_dim, theta, device, torch.float64), scale)
+    positions = torch.arange(offset, offset + length, device=device)
+    angles = rotation_angles(positions, inv_freq.to(angle_dtype(dtype))[:, None])  # (B, T, d/2)
+    factor = None
+    if scaling.method == "yarn":
+        factor = scaling.logit_factor(scale).to(dtype)[:, :, None, None]
+    result = (angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None], factor)
+    _LAST_SENTENCES[:] = [(source_lengths, lookup), result]
+    return result
 
 
 class RotaryEmbedding(PositionEncoding):
@@ -361,6 +420,12 @@ class RotaryEmbedding(PositionEncoding):
     shared fp32-computed cache of :func:`cos_sin`. It has no ``forward``: the
     attention calls :meth:`encode_qk`, the only way it rotates (through
     :func:`apply_rotary`).
+
+    ``scaling`` (:class:`~fairseq_rope.rope_scaling.RopeScaling`, None: the
+    paper's RoPE) at a fixed scale only changes the tables' frequencies (and,
+    for YaRN, multiplies q by 1/t); a dynamic one rotates each sentence at the
+    scale of its source length, which the model tells it before each forward
+    (:meth:`set_source_lengths`).
     """
 
     def __init__(
@@ -369,40 +434,84 @@ class RotaryEmbedding(PositionEncoding):
         rope_dim: Optional[int] = None,
         theta: float = DEFAULT_THETA,
         layout: Layout = "interleaved",
+        scaling: Optional[RopeScaling] = None,
     ) -> None:
         super().__init__()
         rope_dim = head_dim if rope_dim is None else rope_dim
         validate_rope_options(head_dim, rope_dim, theta, layout)
+        if scaling is not None:
+            scaling.validate(rope_dim)
         self.head_dim = head_dim
         self.rope_dim = rope_dim
         self.theta = float(theta)
         self.layout: Layout = layout
+        self.scaling = scaling
+        self.uses_source_lengths = scaling is not None and scaling.dynamic
+        # A fixed scaling keys the shared tables; YaRN's temperature 1/t is folded into q.
+        self._table_scaling = None if self.uses_source_lengths else scaling
+        self._q_factor = 1.0 if scaling is None or scaling.dynamic else float(scaling.logit_factor(scaling.factor))
+        self.source_lengths: Optional[Tensor] = None
 
     def extra_repr(self) -> str:
+        scaling = "" if self.scaling is None else f", scaling={self.scaling}"
         return (
             f"head_dim={self.head_dim}, rope_dim={self.rope_dim}, "
-            f"theta={self.theta:g}, layout={self.layout}"
+            f"theta={self.theta:g}, layout={self.layout}{scaling}"
         )
 
+    def set_source_lengths(self, lengths: Optional[Tensor]) -> None:
+        self.source_lengths = lengths
+
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
-        """Rotate queries and keys (..., T, head_dim) at positions offset, offset+1, … (Eq. 34)."""
+        """Rotate queries and keys (..., T, head_dim) at positions offset, offset+1, … (Eq. 34);
+        with a dynamic scaling, (B, H, T, head_dim) with sentence b at its own scale."""
+        if self.uses_source_lengths:
+            return self._encode_sentences(q, k, offset)
         # One table lookup for both, and no module call: a decoding step is
         # all overhead, the tensors being a single position each.
-        cos, sin, cis = _cached_angles(q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset)
+        cos, sin, cis = _cached_angles(
+            q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset, self._table_scaling
+        )
         q, k = _rotate_all((q, k), cos, sin, cis, self.layout)
+        if self._q_factor != 1.0:
+            q = q * self._q_factor  # YaRN: softmax(q·k / (t·√d))
+        return q, k
+
+    def _encode_sentences(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
+        lengths = self.source_lengths
+        if lengths is None:
+            raise RuntimeError(
+                f"--rope-scaling {self.scaling.kind} scales each sentence by its source length, which a "
+                "transformer_rope encoder and decoder give their self-attention before each forward "
+                "(set_source_lengths); none was given"
+            )
+        if q.dim() != 4 or lengths.shape != q.shape[:1]:
+            raise RuntimeError(
+                f"{tuple(lengths.shape)} source lengths for queries of shape {tuple(q.shape)}: "
+                "expected one per sentence of a (batch, heads, time, head_dim) tensor"
+            )
+        cos, sin, factor = sentence_cos_sin(
+            self.scaling, lengths, q.size(-2), self.rope_dim, self.theta, q.dtype, offset
+        )
+        q, k = _rotate_all((q, k), cos, sin, None, self.layout)
+        if factor is not None:
+            q = q * factor
         return q, k
 
     def encode_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
         """A decoding step's q and k (B, 2, H, head_dim) rotated, the 1/√d scaling of
         q folded into the per-position multipliers: one complex multiply in the
         interleaved layout (Eq. 16's form), three real kernels in the half layout."""
-        if qk.requires_grad and torch.is_grad_enabled():
-            return super().encode_step(qk, offset, q_scale)  # through encode_qk (and its backward)
+        if (qk.requires_grad and torch.is_grad_enabled()) or self.uses_source_lengths:
+            # Through encode_qk (and its backward; or each sentence's own angles).
+            return super().encode_step(qk, offset, q_scale)
+        q_scale = q_scale * self._q_factor  # exact for 1.0: unscaled steps are unchanged
         if self.layout == "half":
             return self._half_step(qk, offset, q_scale)
         dtype = angle_dtype(qk.dtype)  # the complex table's: fp32, or fp64
         multipliers = _step_multipliers(
-            offset, self.rope_dim, self.theta, qk.device, dtype, q_scale, self.head_dim, "interleaved"
+            offset, self.rope_dim, self.theta, qk.device, dtype, q_scale, self.head_dim, "interleaved",
+            self._table_scaling,
         )
         if qk.dtype == dtype:
             pairs = _as_complex(qk)
@@ -419,7 +528,8 @@ class RotaryEmbedding(PositionEncoding):
     def _half_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
         """x ⊙ C + swap(x) ⊙ S, swap exchanging the halves of the rotated dimensions."""
         cos, sin = _step_multipliers(
-            offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "half"
+            offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "half",
+            self._table_scaling,
         )
         x = qk.transpose(0, 1)
         half = self.rope_dim // 2

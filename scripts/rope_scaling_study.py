@@ -6,8 +6,9 @@ fairseq_rope/experiments/scaling_study.py).
         --baselines work/multi30k-length/sinusoidal/seed1 work/multi30k-length/sinusoidal/seed2 \
         --out docs/results/rope_scaling_multi30k-length
 
-Decodes each run's averaged checkpoint once per scaling (plain, source, dynamic-ntk, and
-linear/ntk/yarn at each --factors value) and writes NAME.json and NAME.md: BLEU, length
+Decodes each run's averaged checkpoint once per scaling (plain; dynamic-linear, dynamic-ntk
+and dynamic-yarn, each at its sentence's source-length scale; linear/ntk/yarn at each
+--factors value) and writes NAME.json and NAME.md: BLEU, length
 ratio and runaways per source-length bucket, and paired bootstrap against plain RoPE past
 the training length. A rerun decodes only what is missing.
 """

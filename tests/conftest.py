@@ -119,6 +119,32 @@ def build_model(data_dir: Path, arch: str, *extra: str):
     return task.build_model(args), task
 
 
+def save_like_fairseq_train(data_dir: Path, path: Path, arch: str, *extra: str):
+    """The model of ``fairseq-train --arch arch … *extra`` saved (untrained) by fairseq's
+    Trainer, as a checkpoint of that run would be; returns the model."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    args = parse_train_args(data_dir, arch, "--optimizer", "adam", "--lr", "1e-3", *extra)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does first
+    trainer.save_checkpoint(str(path), {})
+    return model.eval()
+
+
+def load_checkpoint(path: Path, **overrides):
+    """A checkpoint loaded as fairseq-generate loads it (``overrides``: its --model-overrides);
+    the model and the config."""
+    from fairseq import checkpoint_utils
+
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides=overrides or None)
+    return models[0].eval(), cfg
+
+
 @pytest.fixture(scope="session")
 def dict_dir(tmp_path_factory) -> Path:
     """A data directory holding only joined dictionaries (enough to build models)."""

@@ -1,5 +1,6 @@
 """One beam-search step of the RoPE self-attention, in fp32, fp16 and bf16: no more
-torch operators than fairseq's stock self-attention step in the same dtype, and in
+torch operators than fairseq's stock self-attention step in the same dtype (also with a
+fixed --rope-scaling, whose table and YaRN temperature the step folds in), and in
 half precision the rotation that fp64 math and the general path compute."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.position_encoding import PositionEncoding
+from fairseq_rope.rope_scaling import RopeScaling
 from fairseq_rope.rotary import RotaryEmbedding
 
 EMBED, HEADS = 32, 4
@@ -58,9 +60,9 @@ def operators(call: Callable[[], object]) -> List[str]:
     return [e.name for e in top if not _returns_aliases(e.name) or _copies(e)]
 
 
-def rope_attention(dtype: torch.dtype, layout: str = "interleaved",
-                   rope_dim: Optional[int] = None) -> PositionalMultiheadAttention:
-    encoding = RotaryEmbedding(HEAD_DIM, rope_dim, theta=THETA, layout=layout)
+def rope_attention(dtype: torch.dtype, layout: str = "interleaved", rope_dim: Optional[int] = None,
+                   scaling: Optional[RopeScaling] = None) -> PositionalMultiheadAttention:
+    encoding = RotaryEmbedding(HEAD_DIM, rope_dim, theta=THETA, layout=layout, scaling=scaling)
     return PositionalMultiheadAttention(EMBED, HEADS, encoding).eval().to(dtype)
 
 
@@ -80,11 +82,17 @@ def step_operators(attn: MultiheadAttention, dtype: torch.dtype) -> List[str]:
         return operators(lambda: step(3))
 
 
+# No scaling, and a fixed one (YaRN: a scaled table and the temperature; linear and ntk
+# differ from it only in the table's frequencies).
+SCALINGS = {"none": None, "yarn": RopeScaling("yarn", 4.0, 64)}
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
 @pytest.mark.parametrize("layout, rope_dim", CONFIGS)
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF_DTYPES], ids=DTYPE_IDS.get)
-def test_decoding_step_has_no_more_operators_than_stock_attention(dtype, layout, rope_dim):
+def test_decoding_step_has_no_more_operators_than_stock_attention(dtype, layout, rope_dim, scaling):
     stock = step_operators(MultiheadAttention(EMBED, HEADS, self_attention=True).eval().to(dtype), dtype)
-    rope = step_operators(rope_attention(dtype, layout, rope_dim), dtype)
+    rope = step_operators(rope_attention(dtype, layout, rope_dim, SCALINGS[scaling]), dtype)
     assert stock.count("aten::linear") == 4  # the counter sees the step: q, k, v and output projections
     assert len(rope) <= len(stock), f"RoPE {rope} against stock {stock}"
 

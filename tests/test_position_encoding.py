@@ -7,6 +7,7 @@ import torch
 from fairseq_rope import rotary
 from fairseq_rope.position_encoding import PositionEncoding
 from fairseq_rope.relative import RelativePositionEncoding
+from fairseq_rope.rope_scaling import RopeScaling
 from fairseq_rope.rotary import RotaryEmbedding
 
 
@@ -32,14 +33,23 @@ def generic_step(encoding: PositionEncoding, qk: torch.Tensor, offset: int, q_sc
     return PositionEncoding.encode_step(encoding, qk, offset, q_scale)
 
 
+YARN = RopeScaling("yarn", 4.0, 64)  # the lean step's scaled table, 1/t folded into q's scaling
+DYNAMIC = RopeScaling("dynamic-yarn", 1.0, 4)  # each sentence's own angles: through encode_qk
+
+
 @pytest.mark.parametrize(
-    "dtype, layout, rope_dim",
-    [(torch.float32, "interleaved", None), (torch.float64, "interleaved", None),
-     (torch.float32, "interleaved", 4), (torch.float32, "half", None), (torch.bfloat16, "interleaved", None)],
-    ids=["fp32", "fp64", "partial", "half-layout", "bf16"],
+    "dtype, layout, rope_dim, scaling",
+    [(torch.float32, "interleaved", None, None), (torch.float64, "interleaved", None, None),
+     (torch.float32, "interleaved", 4, None), (torch.float32, "half", None, None),
+     (torch.bfloat16, "interleaved", None, None), (torch.float32, "interleaved", None, YARN),
+     (torch.float32, "half", 4, YARN), (torch.bfloat16, "interleaved", None, YARN),
+     (torch.float32, "interleaved", None, DYNAMIC)],
+    ids=["fp32", "fp64", "partial", "half-layout", "bf16", "yarn", "yarn-half-layout-partial", "yarn-bf16",
+         "dynamic-yarn"],
 )
-def test_rope_step_equals_encode_qk_then_scaling(dtype, layout, rope_dim):
-    rope = RotaryEmbedding(8, rope_dim, layout=layout)
+def test_rope_step_equals_encode_qk_then_scaling(dtype, layout, rope_dim, scaling):
+    rope = RotaryEmbedding(8, rope_dim, layout=layout, scaling=scaling)
+    rope.set_source_lengths(torch.tensor([2, 3, 5, 8, 13]))  # used by the dynamic scaling only
     qk = torch.randn(5, 2, 3, 8, dtype=dtype)
     for offset in (0, 7, 300, 7):  # a new table size and back: the step memo follows
         got = rope.encode_step(qk, offset, 0.125)

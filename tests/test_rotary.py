@@ -274,7 +274,7 @@ def test_cos_sin_cache_keeps_at_most_its_bound_and_stays_exact_after_eviction():
         assert len(rotary._TABLES) <= bound
     assert len(rotary._TABLES) == bound
     # The first key was evicted (least recently used); rebuilt, it is the same table.
-    assert (8, 10000.0, torch.device("cpu"), torch.float32) not in rotary._TABLES
+    assert (8, 10000.0, torch.device("cpu"), torch.float32, None) not in rotary._TABLES
     again = cos_sin(6, 8, 10000.0, torch.device("cpu"), torch.float32, offset=2)
     for got, before in zip(again, first):
         torch.testing.assert_close(got, before, atol=0, rtol=0)
@@ -294,8 +294,8 @@ def test_cos_sin_cache_evicts_the_least_recently_used_table():
         cos_sin(3, 2 * (i + 1), 10000.0, cpu, torch.float32)
     cos_sin(3, 2, 10000.0, cpu, torch.float32)  # the oldest, used again
     cos_sin(3, 2 * (bound + 1), 10000.0, cpu, torch.float32)  # evicts the second oldest
-    assert (2, 10000.0, cpu, torch.float32) in rotary._TABLES
-    assert (4, 10000.0, cpu, torch.float32) not in rotary._TABLES
+    assert (2, 10000.0, cpu, torch.float32, None) in rotary._TABLES
+    assert (4, 10000.0, cpu, torch.float32, None) not in rotary._TABLES
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)

@@ -46,8 +46,10 @@ from fairseq_rope.evaluation.significance import paired_bootstrap
 from fairseq_rope.experiments.reproduce import longest_training_pair
 from fairseq_rope.experiments.table import MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
 
-#: Scalings whose factor the rule derives from lengths (no sweep), and those swept over S.
-RULE_SCALINGS = ("source", "dynamic-ntk")
+#: Scalings whose factor the rule derives from lengths (no sweep): each method at the
+#: scale of the sentence's source length (--rope-scaling dynamic-*, issue 28's source rule);
+#: and those swept over S.
+RULE_SCALINGS = ("dynamic-linear", "dynamic-ntk", "dynamic-yarn")
 SWEPT_SCALINGS = ("linear", "ntk", "yarn")
 DEFAULT_FACTORS = (1.5, 2.0, 3.0)
 #: Fewest pooled sentences in a bucket for a paired bootstrap (fewer: not tested).

@@ -10,13 +10,19 @@ cross-attention, never this self-attention: they are refused, not ignored.
 
 A model family picks its encoding by name (``position_encoding``) from
 :data:`POSITION_ENCODINGS`; the name travels in the checkpoint's args.
+
+Encodings that depend on each sentence's source length
+(``PositionEncoding.uses_source_lengths``) are given it by the encoder (from
+its source tokens) and the decoder (from the encoder output it attends to,
+which beam search reorders with the hypotheses) before each forward.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -29,9 +35,10 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from torch import nn
+from torch import Tensor, nn
 
 from fairseq_rope.attention import PositionalMultiheadAttention
+from fairseq_rope.position_encoding import PositionEncoding
 
 # Positions enter only inside self-attention (rotations, clipped distances): no table
 # bounds the length, so encoder and decoder report no limit (fairseq's own "unbounded",
@@ -112,19 +119,60 @@ def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+def uses_source_lengths(module: nn.Module) -> bool:
+    return any(isinstance(m, PositionEncoding) and m.uses_source_lengths for m in module.modules())
+
+
+def tell_source_lengths(module: nn.Module, lengths: Optional[Tensor]) -> None:
+    """Give each sentence's source length to the encodings under ``module`` that use it."""
+    for m in module.modules():
+        if isinstance(m, PositionEncoding) and m.uses_source_lengths:
+            m.set_source_lengths(lengths)
+
+
+def encoder_source_lengths(encoder_out: Optional[Dict[str, List[Tensor]]]) -> Optional[Tensor]:
+    """Each sentence's number of source tokens, from an encoder output (B rows, as reordered)."""
+    if encoder_out is None:
+        return None
+    states = encoder_out["encoder_out"][0]  # (S, B, C)
+    if encoder_out.get("encoder_padding_mask"):
+        return (~encoder_out["encoder_padding_mask"][0].bool()).sum(1)
+    return torch.full((states.size(1),), states.size(0), device=states.device)
+
+
 class PositionalTransformerEncoder(TransformerEncoder):
+    def __init__(self, args, dictionary, embed_tokens, return_fc=False):
+        super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
+        self.tells_source_lengths = uses_source_lengths(self)  # a model property: no search per forward
+
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
         return wrap_layer(PositionalEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def forward_scriptable(self, src_tokens, *args, **kwargs):
+        if self.tells_source_lengths:
+            # fairseq's own count (its src_lengths output): non-pad tokens, EOS included.
+            tell_source_lengths(self, src_tokens.ne(self.padding_idx).sum(1))
+        return super().forward_scriptable(src_tokens, *args, **kwargs)
 
     def max_positions(self) -> int:
         return UNBOUNDED_POSITIONS
 
 
 class PositionalTransformerDecoder(TransformerDecoder):
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        self.tells_source_lengths = uses_source_lengths(self)
+
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)
         return wrap_layer(PositionalDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, *args, **kwargs):
+        if self.tells_source_lengths:
+            tell_source_lengths(self, encoder_source_lengths(encoder_out))
+        return super().extract_features(prev_output_tokens, encoder_out, *args, **kwargs)
 
     def max_positions(self) -> int:
         return UNBOUNDED_POSITIONS

@@ -9,6 +9,11 @@ fairseq one (``transformer_rope_wmt_en_de`` has exactly the parameters of
 so all rotate every head dimension with θ = 10000 in the paper's interleaved
 layout unless the command line says otherwise. :data:`ROPE_OPTIONS` declares
 the options once (see :mod:`fairseq_rope.models.architectures`).
+
+``--rope-scaling`` (:mod:`fairseq_rope.rope_scaling`) scales the frequencies for
+inputs longer than training; it holds no parameters, so it can be set when
+decoding an existing checkpoint (``--model-overrides``, or a keyword of the
+hub's ``from_pretrained``). Checkpoints from before it load with ``none``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from fairseq_rope.models.positional_transformer import (
     head_dims,
     register_position_encoding,
 )
+from fairseq_rope.rope_scaling import SCALINGS, RopeScaling, validate_rope_scaling
 from fairseq_rope.rotary import DEFAULT_THETA, LAYOUTS, RotaryEmbedding, validate_rope_options
 
 
@@ -41,6 +47,7 @@ def validate_rope_args(args: Namespace) -> None:
     for dim in head_dims(args):
         rope_dim = dim if args.rope_dim is None else args.rope_dim
         validate_rope_options(dim, rope_dim, args.rope_theta, args.rope_layout)
+        validate_rope_scaling(args.rope_scaling, args.rope_scaling_factor, args.rope_original_length, rope_dim)
 
 
 ROPE_OPTIONS = EncodingOptions(
@@ -56,6 +63,20 @@ ROPE_OPTIONS = EncodingOptions(
                help="pairs of rotated dimensions: 'interleaved' (the paper's adjacent pairs) "
                     "or 'half' (GPT-NeoX rotate-half)",
                argparse={"choices": LAYOUTS}),
+        Option("rope_scaling", "none",
+               help="scale the frequencies for inputs longer than training: 'linear' (position "
+                    "interpolation), 'ntk' (NTK-aware base), 'yarn' (NTK-by-parts + temperature) at "
+                    "the fixed scale S; 'dynamic-*' the same at s = max(1, S*len/L - (S-1)), len the "
+                    "sentence's source length (encoder and decoder alike)",
+               argparse={"choices": SCALINGS}),
+        Option("rope_scaling_factor", None, shown_default="none",
+               help="S: the scale of linear/ntk/yarn (required); the slope of the dynamic rule "
+                    "(1 if unset)",
+               argparse={"type": float, "metavar": "S"}),
+        Option("rope_original_length", None, shown_default="none",
+               help="L: the training length in source tokens, EOS included (required by yarn and "
+                    "dynamic-*; linear and ntk ignore it)",
+               argparse={"type": int, "metavar": "L"}),
     ),
     validate=validate_rope_args,
 )
@@ -72,8 +93,13 @@ ROPE_ARCHITECTURES = {
 
 @register_position_encoding("rope")
 def build_rotary_embedding(cfg, head_dim: int) -> RotaryEmbedding:
+    # getattr: args that no architecture function completed (checkpoints from before scaling
+    # are completed by theirs on load, to the same 'none').
+    scaling = RopeScaling.from_options(getattr(cfg, "rope_scaling", "none"),
+                                       getattr(cfg, "rope_scaling_factor", None),
+                                       getattr(cfg, "rope_original_length", None))
     return RotaryEmbedding(
-        head_dim, rope_dim=cfg.rope_dim, theta=cfg.rope_theta, layout=cfg.rope_layout
+        head_dim, rope_dim=cfg.rope_dim, theta=cfg.rope_theta, layout=cfg.rope_layout, scaling=scaling
     )
 
 

@@ -105,12 +105,12 @@ def test_variants_reach_fairseq_generate_as_model_overrides(tmp_path, monkeypatc
 
     monkeypatch.setattr(scaling_study, "generate", fake_generate)
     run = scaling_study.EvaluatedRun.read(runs[0])
-    for variant in (Variant(PLAIN), Variant("source"), Variant("yarn", 2.0)):
+    for variant in (Variant(PLAIN), Variant("dynamic-ntk"), Variant("yarn", 2.0)):
         (runs[0] / "scaling" / variant.name / "generate-test.txt").unlink()
         run.decode(variant, 31)
     assert calls == [
         ("checkpoint_avg_last5.pt", []),
-        ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'source', 'rope_original_length': 31}"]),
+        ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'dynamic-ntk', 'rope_original_length': 31}"]),
         ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'yarn', 'rope_original_length': 31, "
                                      "'rope_scaling_factor': 2.0}"]),
     ]

@@ -45,9 +45,9 @@ def test_one_table_per_device_and_dtype_each_on_its_device_in_its_dtype(device, 
             expected_cos, expected_sin, bound = reference(range(300, 305), dtype)
             assert ((cos.cpu().double() - expected_cos).abs() <= bound).all()
             assert ((sin.cpu().double() - expected_sin).abs() <= bound).all()
-    assert set(rotary._TABLES) == {(ROPE_DIM, THETA, where, dtype) for where, dtype in wanted}
+    assert set(rotary._TABLES) == {(ROPE_DIM, THETA, where, dtype, None) for where, dtype in wanted}
     assert len({id(table) for table in rotary._TABLES.values()}) == len(rotary._TABLES)
-    for (_, _, where, dtype), table in rotary._TABLES.items():
+    for (_, _, where, dtype, _), table in rotary._TABLES.items():
         assert (table.cos.device, table.cos.dtype, table.sin.device, table.sin.dtype) == (where, dtype, where, dtype)
         if table.cis is not None:  # the complex form, for dtypes that have one
             assert table.cis.device == where and table.cis.dtype == torch.complex64

@@ -106,6 +106,10 @@ def test_fairseq_train_parser_gives_the_same_model_args(dict_dir, arch):
     ("transformer_rpe_tiny", ["--no-rpe-shared-heads"], {}),
     ("transformer_rope_wmt_en_de_big", ["--rope-theta", "500", "--rope-dim", "32", "--rope-layout", "half"],
      {"rope_theta": 500.0, "rope_dim": 32, "rope_layout": "half"}),
+    ("transformer_rope_tiny", ["--rope-scaling", "yarn", "--rope-scaling-factor", "4", "--rope-original-length", "64"],
+     {"rope_scaling": "yarn", "rope_scaling_factor": 4.0, "rope_original_length": 64}),
+    ("transformer_rope", ["--rope-scaling", "dynamic-ntk", "--rope-original-length", "50"],
+     {"rope_scaling": "dynamic-ntk", "rope_original_length": 50}),
     ("transformer_rpe_wmt_en_de_big", ["--dropout", "0.2", "--encoder-layers", "3"],
      {"dropout": 0.2, "encoder_layers": 3}),  # the stock architecture's own options still win
 ])
@@ -122,6 +126,16 @@ def test_the_command_line_wins_over_the_table_and_changes_nothing_else(arch, arg
     ("transformer_rope_tiny", ["--encoder-embed-dim", "66", "--decoder-embed-dim", "66"],
      "RoPE rotates pairs of dimensions, but the attention head dimension is 33 (odd): choose "
      "--encoder/--decoder-embed-dim and --*-attention-heads so that embed_dim / heads is even"),
+    ("transformer_rope", ["--rope-scaling", "linear"],
+     "--rope-scaling linear needs --rope-scaling-factor S (the scale s)"),
+    ("transformer_rope_tiny", ["--rope-scaling", "dynamic-yarn"],
+     "--rope-scaling dynamic-yarn needs --rope-original-length L (the training length)"),
+    ("transformer_rope_iwslt_de_en", ["--rope-scaling-factor", "2"],
+     "--rope-scaling-factor 2.0 is set, but --rope-scaling is 'none': choose a scaling"),
+    ("transformer_rope", ["--rope-scaling", "ntk", "--rope-scaling-factor", "0.5"],
+     "--rope-scaling-factor must be a finite number >= 1, got 0.5"),
+    ("transformer_rope_tiny", ["--rope-scaling", "ntk", "--rope-scaling-factor", "2", "--rope-dim", "2"],
+     "--rope-scaling ntk needs --rope-dim >= 4 (b·s^(d/(d-2))), got 2"),
     ("transformer_rpe_wmt_en_de_big", ["--rpe-max-distance", "0"], "--rpe-max-distance must be >= 1, got 0"),
     ("transformer_rpe", ["--rpe-max-distance", "-3"], "--rpe-max-distance must be >= 1, got -3"),
 ])

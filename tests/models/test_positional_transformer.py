@@ -1,4 +1,5 @@
-"""Exactness shared by every position encoding inside self-attention (RoPE and RPE)."""
+"""Exactness shared by every position encoding inside self-attention (RoPE, each of
+its scalings, and RPE)."""
 
 import copy
 import os
@@ -23,10 +24,24 @@ def tokens(dictionary, batch, length, seed=0, pad_left=0):
     return x
 
 
-@pytest.fixture(scope="module", params=[
-    ("transformer_rope_tiny",),
-    ("transformer_rpe_tiny", "--rpe-max-distance", "4"),  # short k: clipping happens
-], ids=["rope", "rpe"])
+ROPE = "transformer_rope_tiny"
+# The test sentences have 7 to 11 source tokens: the dynamic rows' L puts every one (4),
+# or some (8), past it, each sentence of a batch at its own scale.
+MODELS = {
+    "rope": (ROPE,),
+    "rpe": ("transformer_rpe_tiny", "--rpe-max-distance", "4"),  # short k: clipping happens
+    "rope-linear": (ROPE, "--rope-scaling", "linear", "--rope-scaling-factor", "2"),
+    "rope-ntk": (ROPE, "--rope-scaling", "ntk", "--rope-scaling-factor", "3"),
+    "rope-yarn": (ROPE, "--rope-scaling", "yarn", "--rope-scaling-factor", "4", "--rope-original-length", "8"),
+    "rope-dynamic-linear": (ROPE, "--rope-scaling", "dynamic-linear", "--rope-original-length", "8",
+                            "--rope-layout", "half"),
+    "rope-dynamic-ntk": (ROPE, "--rope-scaling", "dynamic-ntk", "--rope-original-length", "4"),
+    "rope-dynamic-yarn": (ROPE, "--rope-scaling", "dynamic-yarn", "--rope-scaling-factor", "2",
+                          "--rope-original-length", "4"),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS.values()), ids=list(MODELS))
 def tiny_model(request, dict_dir):
     model, task = build_model(dict_dir, *request.param, "--share-all-embeddings", "--dropout", "0")
     return model.eval(), task
@@ -104,6 +119,17 @@ def test_beam_search_scores_equal_teacher_forced_rescoring(tiny_model):
     assert checked == 12
 
 
+def outputs(model, dict_dir):
+    """The model's teacher-forced logits on two fixed sentences (one left-padded) of dict_dir's words."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary.load(str(dict_dir / "dict.en.txt"))
+    src = tokens(d, 2, 9, seed=5, pad_left=2)
+    prev = tokens(d, 2, 7, seed=6)
+    with torch.no_grad():
+        return model(src, src.ne(d.pad()).sum(1), prev)[0]
+
+
 def decode_both_ways(model, src, prev):
     """The decoder's logits teacher-forced in one forward, and step by step from an incremental
     state, both without gradients as fairseq's beam search runs them."""
@@ -125,6 +151,8 @@ HALF_PRECISION_ROWS = {
     "rope": ("transformer_rope_tiny",),
     "rope-half-layout": ("transformer_rope_tiny", "--rope-layout", "half"),
     "rpe": ("transformer_rpe_tiny", "--rpe-max-distance", "4"),
+    "rope-yarn": MODELS["rope-yarn"],  # the lean step's scaled table, 1/t folded into q's scaling
+    "rope-dynamic-yarn": MODELS["rope-dynamic-yarn"],  # each sentence's angles, 1/t on q
 }
 
 

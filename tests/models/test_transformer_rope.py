@@ -2,13 +2,17 @@
 
 Exactness (incremental decoding, beam search, padding) is in test_positional_transformer.py."""
 
+import ast
+
 import pytest
+import torch
 from fairseq.models.transformer import TransformerModel
 from fairseq.modules import MultiheadAttention
 
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
-from tests.conftest import build_model, parse_train_args
+from tests.conftest import PLUGIN_DIR, build_model, fairseq_cli, load_checkpoint, parse_train_args, save_like_fairseq_train
+from tests.models import test_positional_transformer as exactness
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +125,135 @@ def test_attention_dropout_reaches_the_rotated_self_attention_in_training_only(d
     for layer in [*model.encoder.layers, *model.decoder.layers]:
         layer.self_attn.dropout_module.p = 0.0
     assert torch.equal(evaluated, forward())  # eval with dropout 0.1 is the dropout-free model
+
+
+# ------------------------------------------------------------------ scaling (issue 28)
+
+SCALING_OPTIONS = ("rope_scaling", "rope_scaling_factor", "rope_original_length")
+SCALED_OVERRIDES = "{'rope_scaling': 'dynamic-ntk', 'rope_original_length': 4}"  # as README shows it
+
+
+def as_flags(overrides: dict) -> list:
+    return [item for name, value in overrides.items() for item in ("--" + name.replace("_", "-"), str(value))]
+
+
+def scalings(model) -> set:
+    return {layer.self_attn.position_encoding.scaling for layer in [*model.encoder.layers, *model.decoder.layers]}
+
+
+def old_checkpoint(dict_dir, path):
+    """A checkpoint from before the scaling options: none of them in its args."""
+    saved = save_like_fairseq_train(dict_dir, path, "transformer_rope_tiny", "--share-all-embeddings", "--dropout", "0")
+    state = torch.load(path, weights_only=True)
+    for name in SCALING_OPTIONS:
+        delattr(state["cfg"]["model"], name)
+    torch.save(state, path)
+    return saved
+
+
+def test_checkpoint_from_before_scaling_loads_unscaled_with_identical_outputs(dict_dir, tmp_path):
+    saved = old_checkpoint(dict_dir, tmp_path / "checkpoint.pt")
+    loaded, cfg = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert (cfg.model.rope_scaling, cfg.model.rope_scaling_factor, cfg.model.rope_original_length) == ("none", None, None)
+    assert scalings(loaded) == {None}
+    assert torch.equal(exactness.outputs(loaded, dict_dir), exactness.outputs(saved, dict_dir))
+
+
+@pytest.mark.parametrize("overrides", [
+    {"rope_scaling": "linear", "rope_scaling_factor": 2.0},
+    {"rope_scaling": "dynamic-yarn", "rope_scaling_factor": 2, "rope_original_length": 4},
+], ids=["linear", "dynamic-yarn"])
+def test_scaling_set_when_decoding_an_existing_checkpoint(dict_dir, tmp_path, overrides):
+    """fairseq-generate's --model-overrides (fairseq's load_model_ensemble_and_task, here called
+    as fairseq-generate calls it) and the hub's from_pretrained keywords: the loaded model is
+    the model built with those options, with the checkpoint's weights."""
+    from fairseq_rope.rope_scaling import RopeScaling
+
+    saved = old_checkpoint(dict_dir, tmp_path / "checkpoint.pt")
+    built, _ = build_model(dict_dir, "transformer_rope_tiny", "--share-all-embeddings", "--dropout", "0",
+                           *as_flags(overrides))
+    built.load_state_dict(saved.state_dict())
+    expected = RopeScaling.from_options(*(overrides.get(name) for name in SCALING_OPTIONS))
+    hub = TransformerRopeModel.from_pretrained(str(tmp_path), "checkpoint.pt", str(dict_dir), **overrides)
+    for loaded in (load_checkpoint(tmp_path / "checkpoint.pt", **overrides)[0], hub.models[0]):
+        loaded.eval()
+        assert scalings(loaded) == {expected}
+        assert torch.equal(exactness.outputs(loaded, dict_dir), exactness.outputs(built.eval(), dict_dir))
+    assert not torch.allclose(exactness.outputs(built, dict_dir), exactness.outputs(saved, dict_dir))
+
+
+def test_an_invalid_scaling_override_is_refused_at_load_naming_the_option(dict_dir, tmp_path):
+    old_checkpoint(dict_dir, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="^--rope-scaling yarn needs --rope-original-length L"):
+        load_checkpoint(tmp_path / "checkpoint.pt", rope_scaling="yarn", rope_scaling_factor=2.0)
+
+
+def test_fairseq_generate_takes_the_scaling_as_a_model_override(toy_data_bin, tmp_path):
+    """README's command line: fairseq-generate translates every test sentence, batched, with the
+    overridden model — each printed positional score is what the checkpoint loaded with that
+    override gives the hypothesis alone (forced rescoring), and not what the unscaled one does."""
+    import math
+
+    from fairseq.data import Dictionary
+
+    path = tmp_path / "checkpoint.pt"
+    plain = save_like_fairseq_train(toy_data_bin, path, "transformer_rope_tiny", "--share-all-embeddings")
+    out = fairseq_cli("fairseq-generate", [
+        toy_data_bin, "--user-dir", PLUGIN_DIR, "--path", path, "--cpu", "--beam", "2", "--max-len-b", "4",
+        "--batch-size", "16", "--required-batch-size-multiple", "1", "--model-overrides", SCALED_OVERRIDES,
+    ]).stdout
+    lines = {tuple(line.split("\t", 1)[0].split("-", 1)): line.split("\t") for line in out.splitlines()
+             if line[:2] in ("S-", "H-", "P-")}
+    ids = sorted({int(i) for kind, i in lines if kind == "S"})
+    assert len(ids) == 40
+    scaled, _ = load_checkpoint(path, **ast.literal_eval(SCALED_OVERRIDES))
+    d = Dictionary.load(str(toy_data_bin / "dict.en.txt"))
+    worst, plain_worst = 0.0, 0.0
+    for i in ids:
+        src = d.encode_line(lines["S", str(i)][1], add_if_not_exist=False)[None]
+        hypothesis = d.encode_line(lines["H", str(i)][2], add_if_not_exist=False)
+        printed = torch.tensor([float(x) for x in lines["P", str(i)][1].split()])
+        prev = torch.cat((hypothesis[-1:], hypothesis[:-1]))[None]  # EOS first
+        for model in (scaled, plain):
+            with torch.no_grad():
+                lprobs = model.get_normalized_probs(model(src, torch.tensor([src.size(1)]), prev), log_probs=True)
+            error = (lprobs[0].gather(-1, hypothesis[:, None])[:, 0] / math.log(2) - printed).abs().max().item()
+            if model is scaled:
+                worst = max(worst, error)
+            else:
+                plain_worst = max(plain_worst, error)
+    assert worst < 1e-3  # printed to 4 decimals
+    assert plain_worst > 1e-2
+
+
+def test_a_scaled_model_trains(dict_dir):
+    """--rope-scaling at training time: gradients through each sentence's rotation reach every
+    projection (dynamic-yarn: per-sentence angles and temperature)."""
+    model, task = build_model(dict_dir, "transformer_rope_tiny", "--share-all-embeddings", "--dropout", "0",
+                              "--rope-scaling", "dynamic-yarn", "--rope-original-length", "4")
+    d = task.source_dictionary
+    src = torch.randint(d.nspecial, len(d), (3, 8))
+    src[:, -1] = d.eos()
+    model.train()
+    model(src, torch.full((3,), 8), src)[0].logsumexp(-1).mean().backward()
+    grads = [layer.self_attn.q_proj.weight.grad for layer in [*model.encoder.layers, *model.decoder.layers]]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("options", [
+    ("--rope-scaling", "none"),
+    ("--rope-scaling", "linear", "--rope-scaling-factor", "1"),
+    ("--rope-scaling", "ntk", "--rope-scaling-factor", "1"),
+], ids=["none", "linear-1", "ntk-1"])
+def test_no_scaling_is_bit_identical_to_a_model_built_without_the_options(dict_dir, tiny, options):
+    """Teacher-forced and step by step (beam search's lean steps): the same bits. A scale of 1
+    gives θ_i exactly, so linear and ntk at S = 1 (their own tables) do too."""
+    model, task = tiny
+    other, _ = build_model(dict_dir, "transformer_rope_tiny", "--share-all-embeddings", "--dropout", "0", *options)
+    other.load_state_dict(model.state_dict())
+    d = task.target_dictionary
+    src = exactness.tokens(d, 3, 11, seed=1, pad_left=4)
+    prev = exactness.tokens(d, 3, 13, seed=2)
+    for got, expected in zip(exactness.decode_both_ways(other.eval(), src, prev),
+                             exactness.decode_both_ways(model, src, prev)):
+        assert torch.equal(got, expected)

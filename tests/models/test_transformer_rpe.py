@@ -9,7 +9,7 @@ import torch
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.models.transformer_rpe import TransformerRpeModel
 from fairseq_rope.relative import RelativePositionEncoding
-from tests.conftest import build_model, parse_train_args
+from tests.conftest import build_model, load_checkpoint, parse_train_args, save_like_fairseq_train
 from tests.models import test_positional_transformer as exactness
 
 TINY = ("--share-all-embeddings", "--dropout", "0", "--rpe-max-distance", "4")
@@ -96,59 +96,30 @@ def test_shared_heads_are_exact_too(check, tiny_rpe_shared):
 # ------------------------------------------------------------------ checkpoints
 
 
-def save_like_fairseq_train(dict_dir, path, *extra):
-    """The model of ``fairseq-train … *extra`` saved by fairseq's Trainer; returns the model."""
-    from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.trainer import Trainer
-
-    args = parse_train_args(dict_dir, "transformer_rpe_tiny", *TINY, "--optimizer", "adam", "--lr", "1e-3", *extra)
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
-    trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does first
-    trainer.save_checkpoint(str(path), {})
-    return model.eval()
-
-
-def load(path):
-    from fairseq import checkpoint_utils
-
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)])
-    return models[0].eval(), cfg
-
-
-def outputs(model, dict_dir):
-    from fairseq.data import Dictionary
-
-    d = Dictionary.load(str(dict_dir / "dict.en.txt"))
-    src = exactness.tokens(d, 2, 9, seed=5, pad_left=2)
-    prev = exactness.tokens(d, 2, 7, seed=6)
-    with torch.no_grad():
-        return model(src, src.ne(d.pad()).sum(1), prev)[0]
+def save_rpe(dict_dir, path, *extra):
+    return save_like_fairseq_train(dict_dir, path, "transformer_rpe_tiny", *TINY, *extra)
 
 
 @pytest.mark.parametrize("flag, shared", [((), False), (("--rpe-shared-heads",), True)])
 def test_the_option_is_stored_in_the_checkpoint_and_rebuilds_the_same_model(dict_dir, tmp_path, flag, shared):
-    saved = save_like_fairseq_train(dict_dir, tmp_path / "checkpoint.pt", *flag)
-    loaded, cfg = load(tmp_path / "checkpoint.pt")
+    saved = save_rpe(dict_dir, tmp_path / "checkpoint.pt", *flag)
+    loaded, cfg = load_checkpoint(tmp_path / "checkpoint.pt")
     assert cfg.model.rpe_shared_heads is shared
     assert all(enc.shared_heads is shared for enc in encodings(loaded))
-    assert torch.equal(outputs(loaded, dict_dir), outputs(saved, dict_dir))
+    assert torch.equal(exactness.outputs(loaded, dict_dir), exactness.outputs(saved, dict_dir))
 
 
 def test_checkpoint_from_before_per_head_tables_loads_with_identical_outputs(dict_dir, tmp_path):
     """Such a checkpoint: tables shared by the heads, no ``rpe_shared_heads`` in its args."""
     path = tmp_path / "checkpoint.pt"
-    saved = save_like_fairseq_train(dict_dir, path, "--rpe-shared-heads")
+    saved = save_rpe(dict_dir, path, "--rpe-shared-heads")
     state = torch.load(path, weights_only=True)
     del state["cfg"]["model"].rpe_shared_heads
     torch.save(state, path)
 
     with pytest.warns(UserWarning, match="copied to every head"):
-        loaded, cfg = load(path)
+        loaded, cfg = load_checkpoint(path)
     assert cfg.model.rpe_shared_heads is False  # the default model: per layer and head
     heads = loaded.encoder.layers[0].self_attn.num_heads
     assert encodings(loaded)[0].key_embeddings.weight.shape == (heads, 9, encodings(saved)[0].head_dim)
-    torch.testing.assert_close(outputs(loaded, dict_dir), outputs(saved, dict_dir), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(exactness.outputs(loaded, dict_dir), exactness.outputs(saved, dict_dir), atol=1e-6, rtol=1e-6)
