@@ -6,6 +6,7 @@ import torch
 
 from fairseq_rope import rotary
 from fairseq_rope.position_encoding import PositionEncoding
+from fairseq_rope.alibi import AlibiBias
 from fairseq_rope.relative import RelativePositionEncoding
 from fairseq_rope.rope_scaling import RopeScaling
 from fairseq_rope.rotary import RotaryEmbedding
@@ -23,7 +24,7 @@ class ValueOnly(PositionEncoding):
 
 def test_qk_only_is_derived_from_the_class_not_declared():
     assert PositionEncoding.qk_only and RotaryEmbedding.qk_only
-    assert not RelativePositionEncoding.qk_only
+    assert not RelativePositionEncoding.qk_only and not AlibiBias.qk_only
     # An encoding that forgets to say it adds a logit or value term cannot claim q/k only.
     assert not BiasOnly.qk_only and not ValueOnly.qk_only
 

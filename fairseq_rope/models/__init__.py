@@ -1,3 +1,3 @@
 """Registered fairseq models of the plugin (imported for their registration)."""
 
-from fairseq_rope.models import transformer_rope, transformer_rpe  # noqa: F401
+from fairseq_rope.models import transformer_alibi, transformer_rope, transformer_rpe  # noqa: F401

@@ -75,7 +75,7 @@ def refuse_xformers(side: str, xformers_att_config: Optional[str]) -> None:
     computes attention itself, so the option would silently do nothing."""
     if xformers_att_config is not None:
         raise ValueError(
-            f"--{side}-xformers-att-config is not supported: RoPE/RPE self-attention does not "
+            f"--{side}-xformers-att-config is not supported: RoPE/RPE/ALiBi self-attention does not "
             f"support xformers (got {xformers_att_config!r}); remove the option"
         )
 

@@ -1,4 +1,4 @@
-"""The RoPE and RPE architectures: registered names and defaults are frozen.
+"""The RoPE, RPE and ALiBi architectures: registered names and defaults are frozen.
 
 Existing checkpoints store ``--arch`` and the args it filled; existing commands
 name the architectures. ``architecture_defaults.json`` holds, for every
@@ -23,12 +23,13 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, ARCH_
 
 import fairseq_rope.models  # noqa: F401  (registers the models and their architectures)
 from fairseq_rope.models.architectures import Architecture, register_architectures
+from fairseq_rope.models.transformer_alibi import ALIBI_ARCHITECTURES
 from fairseq_rope.models.transformer_rope import ROPE_ARCHITECTURES, ROPE_OPTIONS
 from fairseq_rope.models.transformer_rpe import RPE_ARCHITECTURES
 from tests.conftest import parse_train_args
 
 GOLDEN = Path(__file__).with_name("architecture_defaults.json")
-MODELS = ("transformer_rope", "transformer_rpe")
+MODELS = ("transformer_rope", "transformer_rpe", "transformer_alibi")
 
 
 def registered_architectures() -> Dict[str, str]:
@@ -68,6 +69,12 @@ REGISTERED = {  # as registered by the hand-written functions, before the tables
     "transformer_rpe_wmt_en_de": "transformer_rpe",
     "transformer_rpe_wmt_en_de_big": "transformer_rpe",
     "transformer_rpe_tiny": "transformer_rpe",
+    # ALiBi (issue 28), added after the tables
+    "transformer_alibi": "transformer_alibi",
+    "transformer_alibi_wmt_en_de": "transformer_alibi",
+    "transformer_alibi_wmt_en_de_big": "transformer_alibi",
+    "transformer_alibi_iwslt_de_en": "transformer_alibi",
+    "transformer_alibi_tiny": "transformer_alibi",
 }
 
 
@@ -82,7 +89,7 @@ def golden_json(arch: str, **changed: object) -> Dict[str, str]:
 def test_the_registered_architectures_are_exactly_the_frozen_ones():
     assert registered_architectures() == REGISTERED
     assert sorted(golden()) == sorted(REGISTERED)
-    assert [*ROPE_ARCHITECTURES, *RPE_ARCHITECTURES] == [*REGISTERED]  # the tables, in order
+    assert [*ROPE_ARCHITECTURES, *RPE_ARCHITECTURES, *ALIBI_ARCHITECTURES] == [*REGISTERED]  # the tables, in order
 
 
 @pytest.mark.parametrize("arch", sorted(REGISTERED))
@@ -146,7 +153,7 @@ def test_invalid_options_fail_while_parsing_with_their_message(dict_dir, arch, a
 
 
 def test_each_architecture_is_its_own_named_function():
-    tables = {**ROPE_ARCHITECTURES, **RPE_ARCHITECTURES}
+    tables = {**ROPE_ARCHITECTURES, **RPE_ARCHITECTURES, **ALIBI_ARCHITECTURES}
     functions = [ARCH_CONFIG_REGISTRY[arch] for arch in REGISTERED]
     assert len({id(f) for f in functions}) == len(REGISTERED)  # fairseq keeps one per name
     for arch, function in zip(REGISTERED, functions):

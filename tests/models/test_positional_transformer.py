@@ -1,5 +1,5 @@
 """Exactness shared by every position encoding inside self-attention (RoPE, each of
-its scalings, and RPE)."""
+its scalings, RPE and ALiBi)."""
 
 import copy
 import os
@@ -30,6 +30,7 @@ ROPE = "transformer_rope_tiny"
 MODELS = {
     "rope": (ROPE,),
     "rpe": ("transformer_rpe_tiny", "--rpe-max-distance", "4"),  # short k: clipping happens
+    "alibi": ("transformer_alibi_tiny",),
     "rope-linear": (ROPE, "--rope-scaling", "linear", "--rope-scaling-factor", "2"),
     "rope-ntk": (ROPE, "--rope-scaling", "ntk", "--rope-scaling-factor", "3"),
     "rope-yarn": (ROPE, "--rope-scaling", "yarn", "--rope-scaling-factor", "4", "--rope-original-length", "8"),
@@ -47,22 +48,24 @@ def tiny_model(request, dict_dir):
     return model.eval(), task
 
 
-def test_reversing_the_source_is_not_reversing_the_encoder_output(tiny_model):
-    """Without position information the encoder would be permutation-equivariant."""
+def test_permuting_the_source_is_not_permuting_the_encoder_output(tiny_model):
+    """Without position information the encoder would be permutation-equivariant. (Not a
+    reversal: ALiBi's symmetric encoder is equivariant under that one, test_transformer_alibi.py.)"""
     model, task = tiny_model
     src = tokens(task.source_dictionary, 2, 9)
     lengths = torch.full((2,), 9)
+    order = torch.tensor([3, 0, 7, 1, 8, 5, 2, 6, 4])
     out = model.encoder(src, lengths)["encoder_out"][0]
-    out_reversed = model.encoder(src.flip(1), lengths)["encoder_out"][0]
-    assert (out_reversed.flip(0) - out).abs().max() > 1e-2
+    out_permuted = model.encoder(src[:, order], lengths)["encoder_out"][0]
+    assert (out_permuted - out[order]).abs().max() > 1e-2
     # Control: the same check passes (equality) once positions are switched off.
     encodings = [layer.self_attn.position_encoding for layer in model.encoder.layers]
     for layer in model.encoder.layers:
         layer.self_attn.position_encoding = PositionEncoding()
     try:
         out = model.encoder(src, lengths)["encoder_out"][0]
-        out_reversed = model.encoder(src.flip(1), lengths)["encoder_out"][0]
-        assert (out_reversed.flip(0) - out).abs().max() < 1e-5
+        out_permuted = model.encoder(src[:, order], lengths)["encoder_out"][0]
+        assert (out_permuted - out[order]).abs().max() < 1e-5
     finally:
         for layer, encoding in zip(model.encoder.layers, encodings):
             layer.self_attn.position_encoding = encoding
@@ -151,6 +154,7 @@ HALF_PRECISION_ROWS = {
     "rope": ("transformer_rope_tiny",),
     "rope-half-layout": ("transformer_rope_tiny", "--rope-layout", "half"),
     "rpe": ("transformer_rpe_tiny", "--rpe-max-distance", "4"),
+    "alibi": MODELS["alibi"],
     "rope-yarn": MODELS["rope-yarn"],  # the lean step's scaled table, 1/t folded into q's scaling
     "rope-dynamic-yarn": MODELS["rope-dynamic-yarn"],  # each sentence's angles, 1/t on q
 }
@@ -203,7 +207,7 @@ XFORMERS_CONFIG = '{"name": "scaled_dot_product"}'
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
-@pytest.mark.parametrize("arch", ["transformer_rope_tiny", "transformer_rpe_tiny"])
+@pytest.mark.parametrize("arch", ["transformer_rope_tiny", "transformer_rpe_tiny", "transformer_alibi_tiny"])
 def test_xformers_attention_config_is_refused_not_ignored(dict_dir, arch, side):
     """fairseq hands --{side}-xformers-att-config to its own attention only: our
     self-attention would silently ignore it. Refused while parsing, and when building
@@ -211,7 +215,7 @@ def test_xformers_attention_config_is_refused_not_ignored(dict_dir, arch, side):
     from fairseq import tasks
 
     option = f"--{side}-xformers-att-config"
-    message = f"^{option} is not supported: RoPE/RPE self-attention does not support xformers"
+    message = f"^{option} is not supported: RoPE/RPE/ALiBi self-attention does not support xformers"
     with pytest.raises(ValueError, match=message):
         parse_train_args(dict_dir, arch, option, XFORMERS_CONFIG)
     args = parse_train_args(dict_dir, arch)

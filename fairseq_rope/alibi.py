@@ -1,0 +1,92 @@
+"""Attention with Linear Biases (ALiBi), after Press, Smith and Lewis, *Train
+Short, Test Long: Attention with Linear Biases Enables Input Length
+Extrapolation* (ICLR 2022).
+
+There are no position embeddings. Each head h penalises its attention scores
+linearly in the distance between query i and key j (§3):
+
+    softmax(q_i·Kᵀ/√d + m_h·[−(i−1), …, −2, −1, 0])
+
+(the paper writes the scores without the 1/√d; its implementation, in
+fairseq, adds the bias to the scaled scores, as here). The slopes m_h are
+fixed, not learned: for n heads, n a power of 2, the geometric sequence that
+starts at 2^(−8/n) with that same ratio, m_h = 2^(−8h/n), h = 1 … n; for
+other n, the 2^⌊log₂ n⌋ slopes of the nearest smaller power of 2 followed by
+the first n − 2^⌊log₂ n⌋ of the odd-indexed slopes of twice that power
+(their code's ``get_slopes``).
+
+The paper's model is a decoder, where the bias is −m_h·(i − j) for the keys
+j ≤ i it sees. The encoder's bidirectional self-attention takes the symmetric
+−m_h·|i − j|; a decoder gets the same expression, which its causal mask
+reduces to −m_h·(i − j). Cross-attention has no bias.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from fairseq_rope.position_encoding import PositionEncoding
+
+
+def alibi_slopes(num_heads: int) -> Tuple[float, ...]:
+    """m_1 … m_n of Press et al. §3 (and their interpolation for n not a power of 2)."""
+    if num_heads < 1:
+        raise ValueError(f"ALiBi needs at least one attention head, got {num_heads}")
+    power = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 * h / power) for h in range(1, power + 1)]
+    # The in-between slopes of the sequence for 2·power heads: 2^(−8h/(2·power)), h odd.
+    slopes += [2.0 ** (-8.0 * h / (2 * power)) for h in range(1, 2 * (num_heads - power), 2)]
+    return tuple(slopes)
+
+
+# The last bias built (see AlibiBias.logit_bias): every layer of an encoder or decoder
+# asks for the same one in a forward pass.
+_LAST_BIAS: List[Any] = [None, None]
+
+
+class AlibiBias(PositionEncoding):
+    """ALiBi as a position encoding: a logit bias per head, no parameters, no buffers.
+
+    The number of heads comes from the owning attention (:meth:`bind_heads`),
+    or ``num_heads``.
+    """
+
+    def __init__(self, head_dim: int, num_heads: Optional[int] = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.slopes: Optional[Tuple[float, ...]] = None
+        if num_heads is not None:
+            self.bind_heads(num_heads)
+
+    def bind_heads(self, num_heads: int) -> None:
+        slopes = alibi_slopes(num_heads)
+        if self.slopes is not None and slopes != self.slopes:
+            raise ValueError(f"ALiBi slopes were set for {len(self.slopes)} heads, not {num_heads}")
+        self.slopes = slopes
+
+    def extra_repr(self) -> str:
+        return f"num_heads={None if self.slopes is None else len(self.slopes)}"
+
+    def logit_bias(self, q: Tensor, offset: int, src_len: int) -> Optional[Tensor]:
+        """−m_h·|i − j|·√d, (H, T, S): the contract divides the logits by √d afterwards, so
+        what joins the scaled scores is Press et al.'s −m_h·|i − j|."""
+        if self.slopes is None:
+            raise RuntimeError("ALiBi needs the number of heads: pass num_heads or attach the "
+                               "encoding to a PositionalMultiheadAttention")
+        tgt_len = q.size(-2)
+        key = (tgt_len, src_len, offset, self.slopes, self.head_dim, q.dtype, q.device,
+               torch.is_inference_mode_enabled())
+        if _LAST_BIAS[0] == key:
+            return _LAST_BIAS[1]
+        # Distances and slopes in fp64, rounded once to q's dtype.
+        queries = torch.arange(offset, offset + tgt_len, device=q.device, dtype=torch.float64)
+        keys = torch.arange(src_len, device=q.device, dtype=torch.float64)
+        distance = (keys[None, :] - queries[:, None]).abs()  # (T, S)
+        slopes = torch.tensor(self.slopes, dtype=torch.float64, device=q.device)
+        bias = (-math.sqrt(self.head_dim) * slopes[:, None, None] * distance).to(q.dtype)
+        _LAST_BIAS[:] = [key, bias]
+        return bias
