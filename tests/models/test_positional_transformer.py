@@ -83,8 +83,9 @@ def test_incremental_decoding_equals_teacher_forced_forward(tiny_model):
     steps = [model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)[0] for t in range(prev.size(1))]
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
 
-def test_left_padding_does_not_change_the_encoding(tiny_model):
-    """Both encodings are relative: a left-padded source encodes like the unpadded one."""
+def test_left_padding_changes_neither_the_encoding_nor_the_translation(tiny_model):
+    """The encodings are relative: a left-padded source encodes like the unpadded one, and the
+    decoder (which a dynamic RoPE scaling gives the source length) predicts the same."""
     model, task = tiny_model
     d = task.source_dictionary
     src = tokens(d, 1, 8, seed=3)
@@ -92,6 +93,10 @@ def test_left_padding_does_not_change_the_encoding(tiny_model):
     out = model.encoder(src, torch.tensor([8]))["encoder_out"][0]
     out_padded = model.encoder(padded, torch.tensor([8]))["encoder_out"][0][3:]
     assert (out - out_padded).abs().max() < 1e-5
+    prev = tokens(d, 1, 6, seed=4)
+    prev[:, 0] = d.eos()
+    logits, logits_padded = (model(s, torch.tensor([8]), prev)[0] for s in (src, padded))
+    assert (logits - logits_padded).abs().max() < 1e-5
 
 def test_beam_search_scores_equal_teacher_forced_rescoring(tiny_model):
     model, task = tiny_model

@@ -87,7 +87,7 @@ def test_invalid_max_distance_fails_at_model_build(dict_dir):
 @pytest.mark.parametrize("check", [
     exactness.test_incremental_decoding_equals_teacher_forced_forward,
     exactness.test_beam_search_scores_equal_teacher_forced_rescoring,
-    exactness.test_left_padding_does_not_change_the_encoding,
+    exactness.test_left_padding_changes_neither_the_encoding_nor_the_translation,
 ], ids=lambda f: f.__name__[len("test_"):])
 def test_shared_heads_are_exact_too(check, tiny_rpe_shared):
     check(tiny_rpe_shared)
