@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,43 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextmanager
+def atomic_directory(path: PathLike) -> Iterator[Path]:
+    """Yield a temporary directory beside ``path``; it replaces ``path`` (a directory or file,
+    if any) when the block succeeds. On an error the temporary directory is removed and
+    ``path`` left as it was. The old ``path`` is moved aside, the new one moved in, then the
+    old removed: two renames on one file system, restored if the second fails."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would make the result private
+        old = None
+        if target.exists() or target.is_symlink():
+            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old")) / "old"
+            os.rename(target, old)
+        try:
+            os.rename(tmp, target)
+        except BaseException:
+            if old is not None:
+                os.rename(old, target)
+                _remove(old.parent)
+            raise
+        if old is not None:
+            _remove(old.parent)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _umask() -> int:

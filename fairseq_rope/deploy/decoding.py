@@ -1,0 +1,145 @@
+"""CTranslate2's beam search set up to decode as fairseq-generate does.
+
+fairseq's ``SequenceGenerator`` with ``--beam B --lenpen P --max-len-a A --max-len-b L``
+(the tables': :data:`~fairseq_rope.evaluation.decoding.TABLE_DECODING`) and CTranslate2's
+``translate_batch`` share the algorithm: 2B candidates per step, finished (EOS) ones among
+the best B kept aside, the search of a sentence over once B hypotheses are finished, the best
+one by score / length^P (EOS counted in the length). The options below close the gaps:
+
+* ``return_end_token=True``: CTranslate2 then counts the EOS in the length penalty, as fairseq
+  does (without it, a hypothesis of n tokens is divided by n^P, fairseq's by (n+1)^P); the
+  EOS is stripped from the tokens here;
+* the length limit: fairseq stops at ``int(A * source length + L)`` tokens, the source length
+  counting its EOS (fairseq takes the longest source of its batch; here each sentence its own,
+  so with A > 0 this is the lower of the two), capped by a position table; sentences are
+  decoded in groups of one limit (one group with A = 0). At the limit fairseq forces an EOS
+  and scores it, CTranslate2 just stops: hypotheses that reach the limit get the EOS's
+  log-probability added and their score recomputed here (:func:`_close_at_limit`);
+* ``suppress_sequences=[[pad]]``: fairseq never emits ``<pad>``; ``max_input_length=0``:
+  no truncation of long sources (CTranslate2 cuts them at 1024 tokens by default); models with
+  a position table keep theirs;
+* ``min_decoding_length=1``: no empty translation, as fairseq's ``--min-len 1``.
+
+What remains: CTranslate2 masks tokens *before* its softmax, fairseq after, so its
+probabilities are renormalised without ``<pad>`` at every step and without EOS at the first
+one. Both change a hypothesis' score by a tiny amount (log(1 − p(pad)), log(1 − p(EOS)) at
+step 0), not its tokens; the README gives the agreement measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from fairseq_rope.deploy.model_dir import ModelDirectory
+from fairseq_rope.evaluation.decoding import TABLE_DECODING
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """fairseq-generate's decoding options (``--beam``, ``--lenpen``, ``--max-len-a/-b``)."""
+
+    beam: int = TABLE_DECODING["beam"]
+    lenpen: float = TABLE_DECODING["lenpen"]
+    max_len_a: float = TABLE_DECODING["max_len_a"]
+    max_len_b: int = TABLE_DECODING["max_len_b"]
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> "Decoding":
+        return cls(**{k: settings[k] for k in ("beam", "lenpen", "max_len_a", "max_len_b") if k in settings})
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A sentence's best hypothesis: subword tokens (no EOS) and fairseq's score
+    (Σ log p over the tokens and EOS, divided by (tokens + 1)^lenpen; natural log)."""
+
+    tokens: List[str]
+    score: float
+
+
+def length_limit(source_tokens: int, decoding: Decoding, max_target_positions: Optional[int]) -> int:
+    """Most tokens before EOS, fairseq's ``int(max_len_a * source length + max_len_b)``, for a
+    source of ``source_tokens`` subwords (its EOS is added here, as fairseq counts it)."""
+    limit = int(decoding.max_len_a * (source_tokens + 1) + decoding.max_len_b)
+    if max_target_positions is not None:  # fairseq: min(…, model.max_decoder_positions() - 1)
+        limit = min(limit, max_target_positions - 1)
+    return max(limit, 1)
+
+
+def translate_options(decoding: Decoding, model: ModelDirectory) -> Dict[str, Any]:
+    """``translate_batch`` keyword arguments (all but the length limit) for fairseq's decoding."""
+    return {
+        "beam_size": decoding.beam,
+        "length_penalty": decoding.lenpen,
+        "num_hypotheses": decoding.beam,
+        "return_scores": True,
+        "return_end_token": True,  # tells the hypotheses stopped by the limit (no EOS)
+        "min_decoding_length": 1,
+        "suppress_sequences": [[model.pad_token]],
+        "max_input_length": model.max_source_positions or 0,
+        "patience": 1.0,
+    }
+
+
+def translate(translator, sources: Sequence[List[str]], decoding: Decoding, model: ModelDirectory,
+              max_batch_size: int = 0, batch_type: str = "examples",
+              limit_lengths: Optional[Sequence[int]] = None) -> List[Hypothesis]:
+    """Best hypothesis of each subword-token source (without EOS), in input order.
+
+    ``limit_lengths``: the source length (subwords, EOS not included) each sentence's length
+    limit is computed from; default its own. fairseq-generate takes the longest source of the
+    sentence's batch: :mod:`fairseq_rope.deploy.generate` passes that, batching as it does.
+    """
+    options = translate_options(decoding, model)
+    lengths = [len(s) for s in sources] if limit_lengths is None else limit_lengths
+    groups: Dict[int, List[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(length_limit(n, decoding, model.max_target_positions), []).append(i)
+    best: List[Optional[Hypothesis]] = [None] * len(sources)
+    for limit, indices in sorted(groups.items()):
+        batch = [list(sources[i]) for i in indices]
+        results = translator.translate_batch(batch, max_decoding_length=limit, max_batch_size=max_batch_size,
+                                             batch_type=batch_type, **options)
+        for i, source, result in zip(indices, batch, results):
+            if all(tokens[-1:] == [model.eos_token] for tokens in result.hypotheses):
+                best[i] = Hypothesis(result.hypotheses[0][:-1], result.scores[0])
+            else:
+                best[i] = _best_at_limit(translator, source, limit, options, decoding, model.eos_token)
+    return best  # type: ignore[return-value]
+
+
+def _best_at_limit(translator, source: List[str], limit: int, options: Mapping[str, Any],
+                   decoding: Decoding, eos: str) -> Hypothesis:
+    """fairseq's choice for a sentence whose search reached the length limit.
+
+    fairseq forces an EOS at the limit and scores it; CTranslate2 registers the hypotheses as
+    they are, and may return them instead of better-scoring finished ones. So the sentence is
+    decoded again with every finished hypothesis kept (patience 2: the beams move as before,
+    the search just goes on), and fairseq's finished list rebuilt from them: by the step
+    they finished at, then by fairseq's candidate score (Σ log p), the first ``beam`` ones;
+    those at the limit get their EOS's log-probability. The best of those by score / (tokens +
+    1)^lenpen is fairseq's. (fairseq's hypotheses at the limit come from its 2B candidates of
+    the step before, these from the best B of them: a difference only where a lower candidate
+    would win once its EOS is scored.)
+    """
+    lenpen = decoding.lenpen
+    result = translator.translate_batch(
+        [source], max_decoding_length=limit, **{**options, "patience": 2.0, "num_hypotheses": 2 * decoding.beam})[0]
+    finished = []  # (finishing step, -candidate score, hypothesis)
+    for tokens, score in zip(result.hypotheses, result.scores):
+        if tokens[-1:] == [eos]:
+            raw = score * len(tokens) ** lenpen  # CTranslate2 counts the EOS in the length, as fairseq
+            finished.append((len(tokens) - 1, -raw, Hypothesis(tokens[:-1], score)))
+        else:
+            eos_log_prob = translator.score_batch([source], [tokens], max_input_length=0)[0].log_probs[-1]
+            raw = score * len(tokens) ** lenpen + eos_log_prob
+            finished.append((len(tokens), -raw, Hypothesis(list(tokens), raw / (len(tokens) + 1) ** lenpen)))
+    kept = [h for *_, h in sorted(finished, key=lambda f: f[:2])][:decoding.beam]
+    return max(kept, key=lambda h: h.score)  # max() keeps the first of equal scores
+
+
+def to_base2(score: float) -> float:
+    """fairseq-generate prints scores in base 2."""
+    return score / math.log(2)
