@@ -4,8 +4,16 @@ sacreBLEU (:mod:`fairseq_rope.evaluation.scoring` explains both).
 
 ``fairseq-rope-evaluate SAVE_DIR DATA_BIN [--raw-ref FILE] [--subset test]
 [--num-checkpoints 5] [--upper-bound N] [--eval-dir eval] [--detok-lang LANG]
-[--max-tokens 8192] [--force] [-- extra fairseq-generate args...]``
-(``scripts/evaluate.sh`` is the same command).
+[--max-tokens 8192] [--engine fairseq|ctranslate2 [--quantization Q] [--threads N]] [--force]
+[-- extra fairseq-generate args...]`` (``scripts/evaluate.sh`` is the same command).
+
+``--engine ctranslate2`` decodes with CTranslate2 instead of fairseq-generate: the averaged
+checkpoint is exported (``fairseq-rope-export-ct2``, ``--quantization`` for its weights) to
+``EVAL_DIR/ctranslate2[-Q]`` and decoded as fairseq-generate decodes
+(:mod:`fairseq_rope.deploy.generate`, the same beam, length penalty and length limit,
+fairseq-generate's output format); the scoring is the same code. The results go to
+``SAVE_DIR/eval-ctranslate2[-Q]/`` unless ``--eval-dir`` says otherwise, beside fairseq's
+``eval/``, and ``results.json`` names the engine.
 
 Averages the last N update checkpoints (epoch checkpoints if there are no
 update checkpoints; fewer than N is an error), or with ``--upper-bound U`` the
@@ -30,15 +38,17 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import fairseq_command, report_error, split_passthrough
+from fairseq_rope.base import FairseqRopeError, fairseq_command, report_error, split_passthrough
 from fairseq_rope.evaluation import averaging, scoring
 from fairseq_rope.evaluation.decoding import generate_command
 
 # Outputs derived from eval/ (by scoring and the table harness): stale once eval/ is redone.
 DERIVED = ("results.json", "run.json", "bleu_by_length.json")
+FAIRSEQ, CTRANSLATE2 = "fairseq", "ctranslate2"
+ENGINES = (FAIRSEQ, CTRANSLATE2)
 
 
 def decode(command: Sequence[str], output: Path, log: Path) -> bool:
@@ -55,6 +65,29 @@ def decode(command: Sequence[str], output: Path, log: Path) -> bool:
     return True
 
 
+def decode_with_ctranslate2(checkpoint: Path, args: argparse.Namespace, eval_dir: Path, output: Path,
+                            extra: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Export ``checkpoint`` and decode the subset with it into ``output`` (atomically);
+    returns the decoding command line and scoring's ``--engine`` arguments."""
+    from fairseq_rope.deploy import export, generate
+
+    model_dir = eval_dir / "-".join([CTRANSLATE2, *([args.quantization] if args.quantization else [])])
+    codes = export.default_bpe_codes(args.data_bin)  # for raw text later; decoding needs none
+    settings = export.export_checkpoint(checkpoint, model_dir, data_bin=args.data_bin,
+                                        bpe_codes=codes if codes.is_file() else None,
+                                        quantization=args.quantization, force=True)
+    command = generate.generate_command(model_dir, args.data_bin, args.subset, max_tokens=args.max_tokens,
+                                        threads=args.threads) + list(extra)
+    print(f"decoding with CTranslate2 ({model_dir}) -> {output}", file=sys.stderr)
+    with base.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        if generate.main(command[3:], out=out) != 0:  # [python, -m, module, ...]
+            raise FairseqRopeError("decoding with CTranslate2 failed")
+    engine = ["--engine", CTRANSLATE2, "--engine-info", f"version={settings.provenance['ctranslate2']}",
+              "--engine-info", f"quantization={settings.quantization or 'float32'}",
+              "--engine-info", f"model_dir={model_dir.resolve()}"]
+    return command, engine
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="fairseq-rope-evaluate",
@@ -69,12 +102,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--num-checkpoints", type=int, default=5)
     parser.add_argument("--upper-bound", type=int, metavar="U",
                         help="average the last checkpoints up to update (epoch) U, not the last ones")
-    parser.add_argument("--eval-dir", default="eval", help="the results' directory under SAVE_DIR (default: eval)")
+    parser.add_argument("--eval-dir", help="the results' directory under SAVE_DIR (default: eval; "
+                        "eval-ctranslate2[-Q] with --engine ctranslate2)")
     parser.add_argument("--detok-lang", help="Moses detokenizer language (default: the target language)")
     parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--engine", choices=ENGINES, default=FAIRSEQ,
+                        help="decode with fairseq-generate (default) or an export to CTranslate2")
+    parser.add_argument("--quantization", help="ctranslate2: the exported weights' type (int8, float16, ...; "
+                        "default float32)")
+    parser.add_argument("--threads", type=int, default=base.usable_cores(),
+                        help="ctranslate2: CPU threads (default: the usable cores)")
     parser.add_argument("--force", action="store_true",
                         help="evaluate again (replaces eval/'s results and the averaged checkpoint)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.engine == FAIRSEQ and args.quantization:
+        parser.error("--quantization needs --engine ctranslate2")
+    if args.eval_dir is None:
+        args.eval_dir = "eval" if args.engine == FAIRSEQ else "-".join(
+            ["eval", CTRANSLATE2, *([args.quantization] if args.quantization else [])])
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -110,12 +156,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"averaged {len(paths)} checkpoints into {averaged}", file=sys.stderr)
     base.write_lines(eval_dir / "averaged_checkpoints.txt", [str(p) for p in paths])
 
-    command = generate_command(averaged, args.data_bin, args.subset, max_tokens=args.max_tokens) + extra
     output = eval_dir / f"generate-{args.subset}.txt"
-    if not decode(command, output, eval_dir / f"generate-{args.subset}.log"):
-        return 1
+    if args.engine == CTRANSLATE2:
+        try:
+            command, engine = decode_with_ctranslate2(averaged, args, eval_dir, output, extra)
+        except FairseqRopeError as e:
+            return report_error(e)
+    else:
+        command = generate_command(averaged, args.data_bin, args.subset, max_tokens=args.max_tokens) + extra
+        engine = ["--engine", "fairseq"]
+        if not decode(command, output, eval_dir / f"generate-{args.subset}.log"):
+            return 1
     score = [str(output), "--out-dir", str(eval_dir), *reference[:4], "--checkpoint", str(averaged),
-             "--averaged-checkpoints", *map(str, paths)]
+             "--averaged-checkpoints", *map(str, paths), *engine]
     score += ["--raw-ref", args.raw_ref] if args.raw_ref else []
     score += ["--detok-lang", args.detok_lang] if args.detok_lang else []
     return scoring.main([*score, "--", *command])

@@ -419,6 +419,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--checkpoint", help="checkpoint that was decoded (recorded)")
     parser.add_argument("--averaged-checkpoints", nargs="*", default=[],
                         help="checkpoints averaged into --checkpoint (recorded)")
+    parser.add_argument("--engine", default="fairseq",
+                        help="what decoded: fairseq (fairseq-generate, default) or ctranslate2 (recorded)")
+    parser.add_argument("--engine-info", action="append", default=[], metavar="KEY=VALUE",
+                        help="more about the engine (version, quantization, ...; recorded)")
     args = parser.parse_args(own)
 
     if args.check and args.data_bin is None:
@@ -455,6 +459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "averaged_checkpoints": [_absolute(p) for p in args.averaged_checkpoints],
             "generate_output": _absolute(args.generate_output),
             "decoding": decoding_settings(command) if command else None,
+            "engine": {"name": args.engine, **dict(item.partition("=")[::2] for item in args.engine_info)},
         }
         results = evaluate_translations(
             read_generate_output(args.generate_output),
