@@ -116,6 +116,7 @@ ROWS: Dict[str, Row] = {row.name: row for row in (
     Row("learned", "Transformer, learned absolute positions"),
     Row("rpe", "Transformer + RPE (Shaw et al. 2018)", ((26.8, "Shaw et al."),)),
     Row("rope", "RoFormer (RoPE)", ((27.5, "Su et al."),)),
+    Row("alibi", "Transformer + ALiBi (Press et al. 2022)"),  # beyond the paper (issue 28)
 )}
 
 #: Multi30k test2016 buckets (raw English words): 86, 455, 314, 101, 32 and 12 sentences.

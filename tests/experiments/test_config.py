@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fairseq_rope.experiments.table import ROWS
 from fairseq_rope.experiments import config as experiment
 from fairseq_rope.evaluation.decoding import TABLE_DECODING
 from fairseq_rope.experiments.config import ConfigError, load_experiment, options_to_argv, training_argv
@@ -261,6 +262,6 @@ def test_train_and_evaluate_scripts_end_to_end(toy_data_bin, tmp_path):
 def test_no_table_config_names_a_device(scale):
     """reproduce_table.sh --device chooses (fairseq_rope/experiments/device.py): a config forcing
     --cpu would keep every row off the GPU."""
-    for row in ("sinusoidal", "learned", "rpe", "rope"):
+    for row in ROWS:
         argv = load_experiment(f"{row}_{scale}").argv()
         assert "--cpu" not in argv and not any(a.startswith("--device-id") for a in argv), (row, scale)

@@ -9,6 +9,7 @@ from typing import Dict, Optional
 import pytest
 from fairseq_cli import train as fairseq_train
 
+from fairseq_rope.experiments.table import ROWS
 from fairseq_rope.experiments.config import load_experiment
 from fairseq_rope.experiments.convergence import Convergence, Rule, converged_at, updates_to_reach
 
@@ -82,6 +83,6 @@ def test_rule_from_arguments_last_occurrence_wins():
 
 
 def test_the_converged_configs_declare_a_rule():
-    for row in ("sinusoidal", "learned", "rpe", "rope"):
+    for row in ROWS:
         rule = Rule.from_argv(load_experiment(f"{row}_multi30k-converged").argv())
         assert rule.patience > 0 and rule.max_update % INTERVAL == 0

@@ -61,6 +61,8 @@ def test_every_scale_has_a_config_per_row():
     ("demo", "rpe", "transformer_rpe_tiny"), ("demo", "rope", "transformer_rope_tiny"),
     ("multi30k", "sinusoidal", "transformer_wmt_en_de"), ("multi30k", "learned", "transformer_wmt_en_de"),
     ("multi30k", "rpe", "transformer_rpe_wmt_en_de"), ("multi30k", "rope", "transformer_rope_wmt_en_de"),
+    ("base", "alibi", "transformer_alibi_wmt_en_de"), ("demo", "alibi", "transformer_alibi_tiny"),
+    ("multi30k", "alibi", "transformer_alibi_wmt_en_de"),
     ("multi30k-converged", "sinusoidal", "transformer_wmt_en_de"),
     ("multi30k-converged", "rope", "transformer_rope_wmt_en_de"),
 ])
@@ -86,6 +88,7 @@ def test_multi30k_rows_differ_in_parameters_by_their_position_tables_only(dict_d
     assert counts["learned"] - counts["sinusoidal"] == 2 * (256 + 2) * 256  # two tables of 258 x d
     # Shaw et al.'s experiments: key and value tables per layer and head, 33 distances x head dim 64.
     assert counts["rpe"] - counts["sinusoidal"] == 6 * 2 * 4 * 33 * 64
+    assert counts["alibi"] == counts["sinusoidal"]  # fixed slopes, no parameters
 
 
 def params(model) -> int:
@@ -113,19 +116,19 @@ def _arch_and_argv(row: str, size: str):
 
 
 def test_unknown_row_or_scale_is_a_clear_error(capsys):
-    with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope"):
+    with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi"):
         get_row("absolute")
     with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length"):
         get_scale("wmt16")
     assert reproduce.main(["absolute", "--scale", "demo"]) == 2
-    assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope" in capsys.readouterr().err
+    assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi" in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
     assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
 
 
 def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
     assert reproduce.main(["absolute", "--work-dir", str(tmp_path)]) == 2
-    assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope "
+    assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi "
             "(or `collect` to make the table)") in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
     assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
