@@ -140,8 +140,10 @@ def generate(model_dir: PathLike, data_bin: PathLike, out: TextIO, subset: str =
     hypotheses = decode(translator, data, decoding, settings)
     seconds = time.perf_counter() - start
     write_generate_output(out, translator, data, hypotheses, decoding.lenpen)
-    print(f"| Translated {len(data)} sentences ({data.target_tokens(hypotheses)} tokens) in {seconds:.1f}s "
-          f"({len(data) / seconds:.2f} sentences/s) with CTranslate2", file=sys.stderr)
+    # fairseq-generate's summary line, word for word (the benchmark reads both the same way).
+    tokens = data.target_tokens(hypotheses)
+    print(f"Translated {len(data):,} sentences ({tokens:,} tokens) in {seconds:.1f}s "
+          f"({len(data) / seconds:.2f} sentences/s, {tokens / seconds:.2f} tokens/s)", file=sys.stderr)
     return hypotheses
 
 
