@@ -11,8 +11,10 @@ from tests.conftest import PLUGIN_DIR
 
 # Layer of each top-level part of the package, lowest first; a module may import
 # its own layer and those below.
-LAYERS = {"base": 0, "core": 1, "data": 2, "evaluation": 3, "experiments": 4, "benchmark": 4, "gpu": 4}
-HARNESS = ("data", "evaluation", "experiments", "benchmark", "gpu")
+# deploy (CTranslate2) shares evaluation's layer: each uses the other (--engine ctranslate2;
+# the tables' decoding and scoring).
+LAYERS = {"base": 0, "core": 1, "data": 2, "evaluation": 3, "deploy": 3, "experiments": 4, "benchmark": 4, "gpu": 4}
+HARNESS = ("data", "evaluation", "deploy", "experiments", "benchmark", "gpu")
 
 
 def part(module: str) -> str:
