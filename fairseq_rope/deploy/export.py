@@ -241,7 +241,7 @@ def verify_export(model: torch.nn.Module, task, model_dir: PathLike, tolerance: 
     ctranslate2 = require_ctranslate2()
     sources, targets = probe_batch(task)
     reference = forced_log_probs(model, task, sources, targets)
-    translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type="float32")
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type="float32", intra_threads=1)
     results = translator.score_batch(
         [_strings(task.source_dictionary, s) for s in sources],
         [_strings(task.target_dictionary, t) for t in targets], max_input_length=0)
