@@ -64,7 +64,7 @@ def test_the_wheelhouse_ships_fairseq_and_its_nmt_stack_but_not_the_nodes_torch(
             "pytest"} <= set(shipped)
     # The node's PyTorch stack, and what only it needs.
     assert not {"torch", "torchaudio", "numpy", "scikit-learn", "scipy", "sympy", "networkx",
-                "triton"} & set(shipped)
+                "triton", "ctranslate2"} & set(shipped)
     assert all(version for version in shipped.values())
 
 
