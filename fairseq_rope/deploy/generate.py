@@ -102,13 +102,17 @@ def load_translator(model_dir: PathLike, threads: int = 1, device: str = "cpu", 
         raise DeployError(f"cannot load {model_dir} with CTranslate2 on {device} ({compute_type}): {e}") from None
 
 
-def decode(translator, subset: Subset, decoding: Decoding, settings: ModelDirectory) -> List[Hypothesis]:
-    """The best hypothesis of every sentence, as fairseq-generate decodes (the timed part)."""
-    return translate(translator, subset.sources, decoding, settings, limit_lengths=subset.limit_lengths)
+def decode(translator, subset: Subset, decoding: Decoding, settings: ModelDirectory,
+           max_tokens: int = 8192) -> List[Hypothesis]:
+    """The best hypothesis of every sentence, as fairseq-generate decodes (the timed part), in
+    batches of at most ``max_tokens`` source tokens, as fairseq-generate's ``--max-tokens``
+    (CTranslate2 sorts the sentences by length and splits them)."""
+    return translate(translator, subset.sources, decoding, settings, max_batch_size=max_tokens,
+                     batch_type="tokens", limit_lengths=subset.limit_lengths)
 
 
 def write_generate_output(out: TextIO, translator, subset: Subset, hypotheses: Sequence[Hypothesis],
-                          lenpen: float, remove_bpe: Optional[str] = "@@ ") -> None:
+                          lenpen: float, remove_bpe: Optional[str] = "@@ ", max_tokens: int = 8192) -> None:
     """fairseq-generate's lines for each sentence, in id order. The scores are the model's own:
     Σ log p of the forced-decoded hypothesis (``P-``, EOS included) / (tokens + 1)^lenpen,
     without the renormalisation of CTranslate2's masked softmax (see
@@ -116,7 +120,8 @@ def write_generate_output(out: TextIO, translator, subset: Subset, hypotheses: S
     import torch
 
     source_dict, target_dict = subset.source_dictionary, subset.target_dictionary
-    scored = translator.score_batch(subset.sources, [h.tokens for h in hypotheses], max_input_length=0)
+    scored = translator.score_batch(subset.sources, [h.tokens for h in hypotheses], max_input_length=0,
+                                    max_batch_size=max_tokens, batch_type="tokens")
     for i, (hypothesis, positional) in enumerate(zip(hypotheses, scored)):
         source = source_dict.string(torch.tensor([source_dict.index(t) for t in subset.sources[i]]), remove_bpe)
         target = target_dict.string(torch.tensor(subset.targets[i]), remove_bpe, escape_unk=True)
@@ -137,9 +142,9 @@ def generate(model_dir: PathLike, data_bin: PathLike, out: TextIO, subset: str =
     data = read_subset(model_dir, data_bin, subset, max_tokens)
     translator = load_translator(model_dir, threads, device, compute_type)
     start = time.perf_counter()
-    hypotheses = decode(translator, data, decoding, settings)
+    hypotheses = decode(translator, data, decoding, settings, max_tokens)
     seconds = time.perf_counter() - start
-    write_generate_output(out, translator, data, hypotheses, decoding.lenpen)
+    write_generate_output(out, translator, data, hypotheses, decoding.lenpen, max_tokens=max_tokens)
     # fairseq-generate's summary line, word for word (the benchmark reads both the same way).
     tokens = data.target_tokens(hypotheses)
     print(f"Translated {len(data):,} sentences ({tokens:,} tokens) in {seconds:.1f}s "
