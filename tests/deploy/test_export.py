@@ -181,6 +181,7 @@ def test_every_unmapped_rope_option_of_today_is_refused(rope_state):
             specs.check_exportable(args)
 
 
+@pytest.mark.slow  # 42 s on a quiet 2-core machine (2026-11-25): make test's budget
 def test_rpe_with_tables_per_head(deploy_data, tmp_path):
     """CTranslate2 has one relative table per layer, shared by the heads (the exportable
     --rpe-shared-heads is in every exactness test)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fairseq_rope.experiments import bleu_curve
 from fairseq_rope.experiments.bleu_curve import with_plateau
 from tests.conftest import TINY_TRAINING, fairseq_cli
@@ -16,6 +18,7 @@ def test_plateau_is_the_best_point():
     assert [p["fraction_of_best"] for p in points] == [0.5, 1.0, 0.95]
 
 
+@pytest.mark.slow  # 35 s on a quiet 2-core machine (2026-11-25): make test's budget
 def test_curve_of_a_short_run(toy_data_bin, tmp_path):
     save = tmp_path / "run"
     fairseq_cli("fairseq-train", [

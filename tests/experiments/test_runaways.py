@@ -95,6 +95,7 @@ def expected_counts(decoded, max_len_a, max_len_b):
     return bleu, longer, at_limit
 
 
+@pytest.mark.slow  # 126 s on a quiet 2-core machine (2026-11-25): make test's budget
 def test_study_of_an_evaluated_run(trained_rope_checkpoint, toy_data_bin, toy_corpus, tmp_path, monkeypatch):
     data = tmp_path / "data"
     (data / "bpe").mkdir(parents=True)
