@@ -218,6 +218,7 @@ def test_train_sh_unknown_config_fails_before_creating_save_dir(tmp_path):
     assert not (tmp_path / "save").exists()
 
 
+@pytest.mark.slow  # 36 s (2026-11-25); test_package trains and evaluates through the installed plugin
 def test_train_and_evaluate_scripts_end_to_end(toy_data_bin, tmp_path):
     """train.sh (rope_demo config, overridden to 10 updates) then evaluate.sh on the average of 5."""
     save = tmp_path / "run"

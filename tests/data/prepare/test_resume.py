@@ -46,7 +46,7 @@ def reference(tmp_path_factory) -> Path:
 # Killed as soon as the step reports it is running: tokenization (a pool of forked
 # workers writing a temporary file; ~2 s on 10k lines) and binarization
 # (fairseq-preprocess, a child process that takes seconds just to start).
-@pytest.mark.parametrize("step", ["tokenize train.en", "binarize"])
+@pytest.mark.parametrize("step", ["tokenize train.en", pytest.param("binarize", marks=pytest.mark.slow)])  # 28 s
 def test_preparation_killed_mid_step_resumes_to_identical_outputs(reference, step):
     out = reference / "out"
     shutil.rmtree(out, ignore_errors=True)
