@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = REPO / "fairseq_rope"
@@ -160,3 +161,12 @@ def _seeded():
     import torch
 
     torch.manual_seed(0)
+
+
+def attend_step_by_step(attn, x):
+    """Self-attention over ``x`` (T, B, C) one position at a time through the incremental
+    state, as beam search calls it; the steps' outputs concatenated over time."""
+    state: dict = {}
+    with torch.no_grad():
+        return torch.cat([attn(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)[0]
+                          for t in range(x.shape[0])])

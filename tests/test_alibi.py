@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from tests.conftest import attend_step_by_step
+
 from fairseq_rope.alibi import AlibiBias, alibi_slopes
 from fairseq_rope.attention import PositionalMultiheadAttention
 
@@ -89,11 +91,7 @@ def test_incremental_decoding_equals_full_causal_forward(heads):
     attn = alibi_attention(heads)
     x = torch.randn(12, 3, heads * HEAD_DIM, dtype=torch.float64)
     full, _ = attn(x, x, x, attn_mask=causal_mask(12), need_weights=False)
-    state = {}
-    with torch.no_grad():
-        steps = [attn(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)[0]
-                 for t in range(12)]
-    torch.testing.assert_close(torch.cat(steps), full, atol=1e-12, rtol=0)
+    torch.testing.assert_close(attend_step_by_step(attn, x), full, atol=1e-12, rtol=0)
 
 
 def test_no_parameters_and_the_heads_are_needed():

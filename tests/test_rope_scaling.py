@@ -15,6 +15,8 @@ import math
 import pytest
 import torch
 
+from tests.conftest import attend_step_by_step
+
 from fairseq_rope import rotary
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.rope_scaling import RopeScaling, validate_rope_scaling
@@ -199,11 +201,7 @@ def test_attention_and_its_decoding_steps_follow_the_equations(method):
     for need_weights in (False, True):
         out, _ = attn(x, x, x, attn_mask=causal, need_weights=need_weights)
         torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
-    state = {}
-    with torch.no_grad():
-        steps = [attn(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=False)[0]
-                 for t in range(7)]
-    torch.testing.assert_close(torch.cat(steps), expected, atol=1e-10, rtol=0)
+    torch.testing.assert_close(attend_step_by_step(attn, x), expected, atol=1e-10, rtol=0)
 
 
 def test_dynamic_scaling_trains_and_gradients_pass_gradcheck():
