@@ -29,15 +29,20 @@ $(STAMP): pyproject.toml
 demo: setup
 	PYTHON="$(abspath $(BIN))/python" scripts/demo.sh $(DEMO_DIR)
 
+# One pytest-xdist worker per core; a test file stays on one worker, so its module fixtures
+# (a 2-process training, a trained model) are built once.
+TEST_WORKERS ?= auto
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 test-slow: setup
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest $(PARALLEL) -m slow
 
 # Everything CPU can run (the GPU tests need FAIRSEQ_ROPE_GPU_TESTS_DEVICE=cpu here: test-gpu).
 test-all: setup
-	$(BIN)/python -m pytest -m "not gpu"
+	$(BIN)/python -m pytest $(PARALLEL) -m "not gpu"
 
 test-gpu: setup
 	$(BIN)/python -m pytest -m gpu tests/gpu

@@ -4,12 +4,13 @@ construction through fairseq's own argument parser."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import pytest
 import torch
@@ -17,6 +18,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = REPO / "fairseq_rope"
 BIN_DIR = Path(sys.executable).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs one worker per core), each worker and every process
+    its tests start compute on one thread: with torch's default of one per core, the workers'
+    threads wait for each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
 
 # A toy translation task: German-like output is the source words, translated
 # word by word and in reverse order — learnable, and position-dependent.
@@ -64,20 +75,40 @@ def fairseq_cli(name: str, args: Sequence[str], cwd: Path = REPO, **kwargs) -> s
     return result
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """``name``, built by ``build(path)`` once per test run and shared by the pytest-xdist
+    workers: the first to ask builds it under a lock, the others wait for it. For what tests
+    only read (corpora, trained checkpoints): training them once per worker doubled their cost."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above every worker's own
+    path, built = root / name, root / f"{name}.built"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        if not built.exists():
+            shutil.rmtree(path, ignore_errors=True)  # what a failed build left
+            build(path)
+            built.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def toy_corpus(tmp_path_factory) -> Path:
-    return write_toy_corpus(tmp_path_factory.mktemp("toy") / "raw")
+    return built_once(tmp_path_factory, "toy/raw", write_toy_corpus)
 
 
 @pytest.fixture(scope="session")
-def toy_data_bin(toy_corpus: Path) -> Path:
-    dest = toy_corpus.parent / "data-bin"
-    fairseq_cli("fairseq-preprocess", [
-        "--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
-        "--trainpref", toy_corpus / "train", "--validpref", toy_corpus / "valid",
-        "--testpref", toy_corpus / "test", "--destdir", dest,
-    ])
-    return dest
+def toy_data_bin(toy_corpus: Path, tmp_path_factory) -> Path:
+    def preprocess(dest: Path) -> None:
+        fairseq_cli("fairseq-preprocess", [
+            "--source-lang", "en", "--target-lang", "de", "--joined-dictionary", "--workers", "1",
+            "--trainpref", toy_corpus / "train", "--validpref", toy_corpus / "valid",
+            "--testpref", toy_corpus / "test", "--destdir", dest,
+        ])
+
+    return built_once(tmp_path_factory, "toy/data-bin", preprocess)
 
 
 # The paper's optimizer and schedule, sized for the toy task.
@@ -91,15 +122,16 @@ TINY_TRAINING = [
 
 
 @pytest.fixture(scope="session")
-def trained_rope_checkpoint(toy_data_bin: Path) -> Path:
+def trained_rope_checkpoint(toy_data_bin: Path, tmp_path_factory) -> Path:
     """A transformer_rope_tiny trained for a few hundred updates with the paper's optimizer."""
-    save_dir = toy_data_bin.parent / "checkpoints"
-    fairseq_cli("fairseq-train", [
-        toy_data_bin, *TINY_TRAINING, "--max-update", "240", "--save-dir", save_dir,
-        "--no-epoch-checkpoints", "--validate-interval", "5", "--save-interval", "5",
-        "--tensorboard-logdir", save_dir / "tensorboard",
-    ])
-    return save_dir / "checkpoint_last.pt"
+    def train(save_dir: Path) -> None:
+        fairseq_cli("fairseq-train", [
+            toy_data_bin, *TINY_TRAINING, "--max-update", "240", "--save-dir", save_dir,
+            "--no-epoch-checkpoints", "--validate-interval", "5", "--save-interval", "5",
+            "--tensorboard-logdir", save_dir / "tensorboard",
+        ])
+
+    return built_once(tmp_path_factory, "toy/checkpoints", train) / "checkpoint_last.pt"
 
 
 def parse_train_args(data_dir: Path, arch: str, *extra: str):

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
-from tests.conftest import TOY_LEXICON, parse_train_args
+from tests.conftest import TOY_LEXICON, built_once, parse_train_args
 
 PUNCTUATION = (".", "!", "?")
 
@@ -52,17 +52,19 @@ def deploy_data(tmp_path_factory) -> Path:
     """DATA with raw/, tok/, bpe/codes and data-bin/, by ``fairseq-rope-prepare parallel``."""
     from fairseq_rope.data.prepare import cli
 
-    root = tmp_path_factory.mktemp("deploy")
-    for seed, (split, n) in enumerate((("train", 1200), ("valid", 30), ("test", 48))):
-        pairs = deploy_pairs(n, seed + 10)
-        for side, lang in enumerate(("en", "de")):
-            (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-    data = root / "data"
-    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-        rc = cli.main(["parallel", "--src", "en", "--tgt", "de", "--trainpref", str(root / "train"),
-                       "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
-                       "--vocab-size", "150", "--workers", "1", "--no-clean", str(data)])
-    assert rc == 0
+    def prepare(root: Path) -> None:
+        root.mkdir()
+        for seed, (split, n) in enumerate((("train", 1200), ("valid", 30), ("test", 48))):
+            pairs = deploy_pairs(n, seed + 10)
+            for side, lang in enumerate(("en", "de")):
+                (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            rc = cli.main(["parallel", "--src", "en", "--tgt", "de", "--trainpref", str(root / "train"),
+                           "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
+                           "--vocab-size", "150", "--workers", "1", "--no-clean", str(root / "data")])
+        assert rc == 0
+
+    data = built_once(tmp_path_factory, "deploy", prepare) / "data"
     assert any("@@" in line for line in (data / "bpe" / "test.de").read_text().splitlines())  # real splits
     return data
 
@@ -120,16 +122,12 @@ TRAINED_BY_DEFAULT = ("rope", "rope-variant")
 @pytest.fixture(scope="session")
 def checkpoint(deploy_data, tmp_path_factory) -> Callable[..., Path]:
     """``checkpoint(row, trained=True)``: the checkpoint of ``row`` (:data:`ROWS`), trained for
-    :data:`UPDATES` updates or not at all, made once per session."""
-    cache: Dict[Tuple[str, bool], Path] = {}
-    root = tmp_path_factory.mktemp("checkpoints")
-
+    :data:`UPDATES` updates or not at all, made once per test run."""
     def get(row: str, trained: bool = True) -> Path:
-        if (row, trained) not in cache:
-            arch, options = ROWS[row]
-            cache[row, trained] = train(deploy_data / "data-bin", root / f"{row}-{trained}", arch, *options,
-                                        updates=UPDATES if trained else 0)
-        return cache[row, trained]
+        arch, options = ROWS[row]
+        return built_once(tmp_path_factory, f"deploy-checkpoints/{row}-{trained}",
+                          lambda save_dir: train(deploy_data / "data-bin", save_dir, arch, *options,
+                                                 updates=UPDATES if trained else 0)) / "checkpoint_last.pt"
 
     return get
 
