@@ -3,7 +3,8 @@
 ::
 
     fairseq-rope-export-ct2 CHECKPOINT OUT_DIR [--data DATA_BIN] [--bpe-codes FILE]
-        [--source-lang SRC --target-lang TGT] [--quantization int8|int8_float32|float16|…] [--force]
+        [--source-lang SRC --target-lang TGT] [--quantization int8|int8_float32|float16|…]
+        [--model-overrides "{'rope_scaling': 'linear', 'rope_scaling_factor': 2.0}"] [--force]
 
 CHECKPOINT is any checkpoint of a fairseq-rope run (``checkpoint_avg_last5.pt`` included),
 loaded with the safe unpickler. ``--data`` is the fairseq-preprocess directory the model was
@@ -12,7 +13,9 @@ fairseq-train was given it); its ``dict.SRC.txt``/``dict.TGT.txt`` are the vocab
 ``--bpe-codes`` defaults to ``DATA_BIN/../bpe/codes``, where ``fairseq-rope-prepare`` puts
 them. Both dictionaries, the codes and the tokenization settings are copied into OUT_DIR
 (:mod:`fairseq_rope.deploy.model_dir`), so that ``fairseq-rope-translate OUT_DIR`` needs
-nothing else.
+nothing else. ``--model-overrides`` changes model options before the export, as
+fairseq-generate's does (a Python dict literal, read with ``ast.literal_eval``): a RoPE
+scaling chosen for long inputs, for instance, on a checkpoint trained without one.
 
 Before OUT_DIR appears, the float32 export is checked against the fairseq model: forced
 decoding of a probe batch (mixed lengths, up to :data:`PROBE_LENGTHS`) must give the same
@@ -24,12 +27,13 @@ leaves no directory, and an existing one is kept unless ``--force``.
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import datetime
 import sys
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -65,6 +69,7 @@ def export_checkpoint(
     source_lang: Optional[str] = None,
     target_lang: Optional[str] = None,
     quantization: Optional[str] = None,
+    model_overrides: Optional[Mapping[str, Any]] = None,
     force: bool = False,
     verify: bool = True,
 ) -> ModelDirectory:
@@ -82,7 +87,7 @@ def export_checkpoint(
         raise DeployError(f"{out_dir} exists: pass --force to replace it")
     _check_quantization(quantization)
     state = _load(Path(checkpoint))
-    args = _model_args(state, checkpoint)
+    args = _model_args(state, checkpoint, model_overrides or {})
     family = specs.check_exportable(args)
     data_bin, source_lang, target_lang = _data(state, args, data_bin, source_lang, target_lang)
     codes = _bpe_codes(bpe_codes, data_bin)
@@ -151,14 +156,21 @@ def _load(path: Path) -> Dict[str, Any]:
     return state
 
 
-def _model_args(state: Dict[str, Any], path: PathLike) -> Namespace:
-    """A copy of the checkpoint's model options (fairseq-train's ``cfg.model``, or old ``args``)."""
+def _model_args(state: Dict[str, Any], path: PathLike, overrides: Mapping[str, Any]) -> Namespace:
+    """A copy of the checkpoint's model options (fairseq-train's ``cfg.model``, or old ``args``),
+    ``overrides`` applied."""
     cfg = state.get("cfg")
     args = cfg.get("model") if isinstance(cfg, dict) else None
     args = args if args is not None else state.get("args")
     if not isinstance(args, Namespace) or not getattr(args, "arch", None):
         raise DeployError(f"{path}: the checkpoint has no model options (cfg.model or args with an --arch)")
-    return copy.deepcopy(args)
+    args = copy.deepcopy(args)
+    known = set(vars(args)) | {option.name for family in specs.FAMILY_OPTIONS.values() for option in family.options}
+    for name, value in overrides.items():
+        if name not in known:
+            raise DeployError(f"--model-overrides: {name!r} is not an option of this model")
+        setattr(args, name, value)
+    return args
 
 
 def _data(state: Dict[str, Any], args: Namespace, data_bin: Optional[PathLike],
@@ -328,8 +340,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--target-lang", help="default: the checkpoint's, else inferred from --data")
     parser.add_argument("--quantization", help="weights' type: int8, int8_float32, int8_float16, int16, "
                         "float16, bfloat16, float32 (default: as trained, float32)")
+    parser.add_argument("--model-overrides", type=_overrides, default={}, metavar="DICT",
+                        help="model options to change, a Python dict literal as fairseq-generate's, e.g. "
+                        "\"{'rope_scaling': 'ntk', 'rope_scaling_factor': 2.0}\"")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     return parser.parse_args(argv)
+
+
+def _overrides(text: str) -> Dict[str, Any]:
+    try:
+        overrides = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        overrides = None
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        raise argparse.ArgumentTypeError(f"expected a dict literal of option names, got {text!r}")
+    return overrides
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -339,7 +364,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.checkpoint, args.out_dir, data_bin=args.data,
             bpe_codes=args.bpe_codes if args.bpe_codes is not None else AUTO,
             source_lang=args.source_lang, target_lang=args.target_lang,
-            quantization=args.quantization, force=args.force)
+            quantization=args.quantization, model_overrides=args.model_overrides, force=args.force)
     except FairseqRopeError as e:
         return report_error(e)
     print(f"exported {settings.architecture} ({settings.source_lang}->{settings.target_lang}, "

@@ -15,6 +15,13 @@ Three families, told apart by the model an architecture belongs to:
   self-attention alike. Models with per-head tables (the default) are refused, unless every
   head's table is the same (a checkpoint upgraded from shared tables).
 
+RoPE scaling (:mod:`fairseq_rope.rope_scaling`) is carried where CTranslate2 computes it: a
+fixed ``linear`` scale as its ``RotaryScalingType.Linear`` (positions divided by S, i.e.
+θ_i/S), a fixed ``ntk`` scale as the rescaled base b·S^(d/(d−2)). YaRN (a ramp over the
+frequencies and an attention temperature) and the ``dynamic-*`` rules (a scale per sentence)
+have no CTranslate2 counterpart and are refused. So is ``transformer_alibi``: CTranslate2 has
+ALiBi in its decoder only, and this row biases encoder self-attention too.
+
 Any option of a family that this module does not map (:data:`SUPPORTED_OPTIONS`) must be at
 its default, so an option added to a family later (a RoPE scaling mode, say) is refused
 until someone maps it, instead of being exported wrong. Options of the stock Transformer
@@ -33,6 +40,7 @@ from fairseq_rope.deploy import DeployError, require_ctranslate2
 from fairseq_rope.models.architectures import EncodingOptions
 from fairseq_rope.models.transformer_rope import ROPE_OPTIONS
 from fairseq_rope.models.transformer_rpe import RPE_OPTIONS
+from fairseq_rope.rope_scaling import SCALINGS
 
 STOCK, ROPE, RPE = "transformer", "transformer_rope", "transformer_rpe"
 FAMILIES = (STOCK, ROPE, RPE)
@@ -41,8 +49,19 @@ FAMILIES = (STOCK, ROPE, RPE)
 #: option of the family must be at its default.
 FAMILY_OPTIONS: Mapping[str, EncodingOptions] = {ROPE: ROPE_OPTIONS, RPE: RPE_OPTIONS}
 SUPPORTED_OPTIONS: Mapping[str, FrozenSet[str]] = {
-    ROPE: frozenset({"rope_theta", "rope_dim", "rope_layout"}),
+    ROPE: frozenset({"rope_theta", "rope_dim", "rope_layout", "rope_scaling", "rope_scaling_factor",
+                     "rope_original_length"}),
     RPE: frozenset({"rpe_max_distance", "rpe_shared_heads"}),
+}
+
+
+#: --rope-scaling values CTranslate2 computes (:func:`rotary_options`).
+CT2_ROPE_SCALINGS = ("none", "linear", "ntk")
+#: Registered models CTranslate2 cannot compute, and why.
+UNEXPORTABLE: Mapping[str, str] = {
+    "transformer_alibi": "CTranslate2 has ALiBi only in decoder self-attention "
+                         "(TransformerDecoderSpec(alibi=True)); its encoder has no attention bias, and "
+                         "transformer_alibi biases encoder self-attention by |i - j| too",
 }
 
 
@@ -58,6 +77,8 @@ def model_family(args: Namespace) -> str:
     if arch not in ARCH_MODEL_NAME_REGISTRY:
         raise UnsupportedModelError(f"unknown architecture {arch!r}: not a fairseq or fairseq-rope model")
     family = ARCH_MODEL_NAME_REGISTRY[arch]
+    if family in UNEXPORTABLE:
+        raise UnsupportedModelError(f"architecture {arch!r} cannot be exported to CTranslate2: {UNEXPORTABLE[family]}")
     if family not in FAMILIES:
         raise UnsupportedModelError(
             f"architecture {arch!r} (model {family!r}) cannot be exported to CTranslate2: the exporter "
@@ -72,6 +93,8 @@ def check_exportable(args: Namespace) -> str:
     family = model_family(args)
     if family in FAMILY_OPTIONS:
         _refuse_unmapped_options(args, FAMILY_OPTIONS[family], SUPPORTED_OPTIONS[family])
+    if family == ROPE:
+        _refuse_unmapped_scaling(args)
     ct2_fairseq = _ct2_fairseq()
     problems = []
     if getattr(args, "activation_fn", "relu") not in ct2_fairseq._SUPPORTED_ACTIVATIONS:
@@ -108,6 +131,33 @@ def _refuse_unmapped_options(args: Namespace, family: EncodingOptions, supported
         )
 
 
+def _refuse_unmapped_scaling(args: Namespace) -> None:
+    scaling = getattr(args, "rope_scaling", None) or "none"
+    if scaling in SCALINGS and scaling not in CT2_ROPE_SCALINGS:  # a bad value fails the model's validation
+        lacks = ("a scale per sentence (its rotary scaling is fixed at conversion)" if scaling.startswith("dynamic-")
+                 else "YaRN's ramp over the frequencies and its attention temperature")
+        raise UnsupportedModelError(
+            f"--rope-scaling {scaling} cannot be exported to CTranslate2: it has no {lacks}. The exporter "
+            f"carries {', '.join(CT2_ROPE_SCALINGS[1:])} at a fixed --rope-scaling-factor"
+        )
+
+
+def rotary_options(args: Namespace, head_dim: int) -> Dict[str, object]:
+    """The rotary arguments of CTranslate2's attention specs for a RoPE model's options."""
+    from ctranslate2.specs.attention_spec import RotaryScalingType
+
+    rope_dim = args.rope_dim or head_dim
+    # rotary_dim 0: every dimension of the head (CTranslate2's convention); ours is None.
+    rotary = {"rotary_dim": args.rope_dim or 0, "rotary_interleave": args.rope_layout == "interleaved",
+              "rotary_base": float(args.rope_theta)}
+    scaling, factor = getattr(args, "rope_scaling", None) or "none", getattr(args, "rope_scaling_factor", None)
+    if scaling == "linear":  # CTranslate2 divides the positions by the factor: θ_i/S
+        rotary.update(rotary_scaling_type=RotaryScalingType.Linear, rotary_scaling_factor=float(factor))
+    elif scaling == "ntk":  # the NTK-aware base b·S^(d/(d−2)) (rope_scaling.ntk_frequencies)
+        rotary["rotary_base"] = float(args.rope_theta) * float(factor) ** (rope_dim / (rope_dim - 2))
+    return rotary
+
+
 def build_spec(model: nn.Module, args: Namespace, task) -> "object":
     """The CTranslate2 ``TransformerSpec`` of a fairseq model (in eval mode, on CPU) and its task's
     dictionaries, weights filled, vocabularies registered, not yet validated or quantized."""
@@ -134,16 +184,15 @@ def _stock_spec(model: nn.Module, args: Namespace):
 
 
 def _rope_spec(model: nn.Module, args: Namespace):
-    # 0: every dimension of the head (CTranslate2's convention); ours is None.
-    rotary = {"rotary_dim": args.rope_dim or 0, "rotary_interleave": args.rope_layout == "interleaved",
-              "rotary_base": float(args.rope_theta)}
-    spec = _position_free_spec(model, args, rotary)
+    spec = _position_free_spec(model, args, *(rotary_options(args, side.layers[0].self_attn.head_dim)
+                                               for side in (model.encoder, model.decoder)))
     _fill_position_free(spec, model)
     return spec
 
 
 def _rpe_spec(model: nn.Module, args: Namespace):
-    spec = _position_free_spec(model, args, {"relative_position": True})
+    relative = {"relative_position": True}
+    spec = _position_free_spec(model, args, relative, relative)
     _fill_position_free(spec, model)
     for side in ("encoder", "decoder"):
         for i, (layer_spec, layer) in enumerate(zip(getattr(spec, side).layer, getattr(model, side).layers)):
@@ -174,7 +223,8 @@ def _shared_table(weight: torch.Tensor, side: str, layer: int, kind: str):
     return weight.numpy()
 
 
-def _position_free_spec(model: nn.Module, args: Namespace, positions: Mapping[str, object]):
+def _position_free_spec(model: nn.Module, args: Namespace, encoder_positions: Mapping[str, object],
+                        decoder_positions: Mapping[str, object]):
     """Encoder and decoder specs of a model whose positions live in self-attention only."""
     require_ctranslate2()
     from ctranslate2.specs import transformer_spec
@@ -183,11 +233,11 @@ def _position_free_spec(model: nn.Module, args: Namespace, positions: Mapping[st
     layernorm_embedding = bool(getattr(args, "layernorm_embedding", False))
     encoder = transformer_spec.TransformerEncoderSpec(
         len(model.encoder.layers), args.encoder_attention_heads, pre_norm=args.encoder_normalize_before,
-        activation=activation, layernorm_embedding=layernorm_embedding, **positions)
+        activation=activation, layernorm_embedding=layernorm_embedding, **encoder_positions)
     decoder = transformer_spec.TransformerDecoderSpec(
         len(model.decoder.layers), args.decoder_attention_heads, pre_norm=args.decoder_normalize_before,
         activation=activation, layernorm_embedding=layernorm_embedding,
-        no_final_norm=bool(getattr(args, "no_decoder_final_norm", False)), **positions)
+        no_final_norm=bool(getattr(args, "no_decoder_final_norm", False)), **decoder_positions)
     return transformer_spec.TransformerSpec(encoder, decoder)
 
 

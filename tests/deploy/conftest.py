@@ -18,11 +18,14 @@ from tests.conftest import TOY_LEXICON, built_once, parse_train_args
 PUNCTUATION = (".", "!", "?")
 
 #: row → (architecture, options): every kind of model the exporter handles. ``rope-variant``
-#: holds every non-default RoPE option at once: half layout, partial rope-dim, theta, pre-norm.
+#: holds every non-default RoPE option at once: half layout, partial rope-dim, theta, pre-norm;
+#: ``rope-linear`` and ``rope-ntk`` the RoPE scalings CTranslate2 can compute.
 ROWS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
     "rope": ("transformer_rope_tiny", ()),
     "rope-variant": ("transformer_rope_tiny", ("--rope-layout", "half", "--rope-dim", "16", "--rope-theta", "500",
                                                "--encoder-normalize-before", "--decoder-normalize-before")),
+    "rope-linear": ("transformer_rope_tiny", ("--rope-scaling", "linear", "--rope-scaling-factor", "2.5")),
+    "rope-ntk": ("transformer_rope_tiny", ("--rope-scaling", "ntk", "--rope-scaling-factor", "3", "--rope-dim", "16")),
     "sinusoidal": ("transformer_tiny", ()),
     "learned": ("transformer_tiny", ("--encoder-learned-pos", "--decoder-learned-pos")),
     "rpe-shared": ("transformer_rpe_tiny", ("--rpe-shared-heads",)),

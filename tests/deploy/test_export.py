@@ -164,21 +164,68 @@ def test_rope_options_the_exporter_does_not_map_are_refused(rope_state, tmp_path
     checkpoint = write_checkpoint(tmp_path / "c.pt", rope_state, rope_future_scaling="yarn")
     message = refused(tmp_path, checkpoint, specs.UnsupportedModelError)
     assert message.startswith("--rope-future-scaling 'yarn' cannot be exported to CTranslate2")
-    assert "maps only --rope-dim, --rope-layout, --rope-theta" in message
+    assert "maps only --rope-dim, --rope-layout, --rope-original-length, --rope-scaling, " in message
     args = copy.deepcopy(rope_state["cfg"]["model"])
     args.rope_future_scaling = "none"
     assert specs.check_exportable(args) == specs.ROPE
 
 
-def test_every_unmapped_rope_option_of_today_is_refused(rope_state):
-    """The same for the options ROPE_OPTIONS has now (if it has any beyond the mapped ones)."""
-    for option in ROPE_OPTIONS.options:
-        if option.name in specs.SUPPORTED_OPTIONS[specs.ROPE]:
-            continue
-        args = copy.deepcopy(rope_state["cfg"]["model"])
-        setattr(args, option.name, "not-the-default")
-        with pytest.raises(specs.UnsupportedModelError, match=f"^{option.flag} 'not-the-default'"):
-            specs.check_exportable(args)
+def test_a_scaling_chosen_at_export_is_carried(trained, deploy_data, tmp_path):
+    """--model-overrides on a checkpoint trained without scaling, as for long inputs: CTranslate2
+    scores as fairseq's own model loaded with the same overrides (fairseq-generate's loading)."""
+    import ctranslate2
+    from fairseq import checkpoint_utils
+
+    from fairseq_rope.deploy.export import forced_log_probs, probe_batch
+
+    scores = {}
+    for name, overrides in (("none", {}), ("linear", {"rope_scaling": "linear", "rope_scaling_factor": 2.0}),
+                            ("ntk", {"rope_scaling": "ntk", "rope_scaling_factor": 4.0})):
+        out = tmp_path / name
+        assert main([str(trained("rope")), str(out), "--model-overrides", repr(overrides)]) == 0
+        assert ModelDirectory.read(out).provenance["options"]["rope_scaling"] == name
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [str(trained("rope"))], arg_overrides={"data": str(deploy_data / "data-bin"), **overrides})
+        sources, targets = probe_batch(task, ((5, 7), (21, 26)))
+        expected = forced_log_probs(models[0].eval(), task, sources, targets)
+        got = ctranslate2.Translator(str(out), intra_threads=1).score_batch(
+            [[task.source_dictionary[i] for i in s] for s in sources],
+            [[task.target_dictionary[i] for i in t] for t in targets])
+        for reference, result in zip(expected, got):
+            assert torch.allclose(torch.tensor(result.log_probs, dtype=torch.float64), reference, atol=1e-4, rtol=0)
+        scores[name] = torch.cat(expected)
+    # and the scalings did change what the model computes
+    assert (scores["linear"] - scores["none"]).abs().max() > 1e-2
+    assert (scores["ntk"] - scores["none"]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("scaling", ["yarn", "dynamic-linear", "dynamic-ntk", "dynamic-yarn"])
+def test_scalings_ctranslate2_lacks_are_refused(scaling, trained, tmp_path):
+    overrides = {"rope_scaling": scaling, "rope_scaling_factor": 2.0, "rope_original_length": 12}
+    message = refused(tmp_path, trained("rope"), specs.UnsupportedModelError, model_overrides=overrides)
+    lacks = "a scale per sentence" if scaling.startswith("dynamic") else "YaRN's ramp over the frequencies"
+    assert message.startswith(f"--rope-scaling {scaling} cannot be exported to CTranslate2: it has no {lacks}")
+    assert "carries linear, ntk at a fixed --rope-scaling-factor" in message
+
+
+def test_alibi_is_refused(rope_state, tmp_path):
+    """CTranslate2's encoder has no attention bias (its decoder has ALiBi); transformer_alibi
+    biases both."""
+    checkpoint = write_checkpoint(tmp_path / "c.pt", rope_state, arch="transformer_alibi_tiny")
+    message = refused(tmp_path, checkpoint, specs.UnsupportedModelError)
+    assert message.startswith("architecture 'transformer_alibi_tiny' cannot be exported to CTranslate2: "
+                              "CTranslate2 has ALiBi only in decoder self-attention")
+
+
+def test_bad_model_overrides(trained, tmp_path, capsys):
+    assert "'rope_sclaing' is not an option of this model" in refused(
+        tmp_path, trained("rope"), model_overrides={"rope_sclaing": "linear"})
+    message = refused(tmp_path, trained("rope"), model_overrides={"rope_scaling": "linear"})
+    assert "--rope-scaling linear needs --rope-scaling-factor S" in message
+    with pytest.raises(SystemExit):
+        main([str(trained("rope")), str(tmp_path / "out"), "--model-overrides", "rope_scaling=linear"])
+    assert "expected a dict literal of option names" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow  # 42 s on a quiet 2-core machine (2026-11-25): make test's budget
