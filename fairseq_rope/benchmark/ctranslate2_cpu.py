@@ -23,8 +23,9 @@ rotating order (so a slow phase of the machine hits every engine alike). Measure
   (``Translated N sentences (T tokens) in S s``): the search alone, without start-up, model
   loading, reading and writing; sentences/s and target tokens/s (EOS included) from it,
   median over the rounds; speed ratios paired per round (:func:`~fairseq_rope.benchmark.timing.paired_speedup`);
-* the whole process's wall time, and its peak resident memory (``ru_maxrss`` of the child,
-  from ``os.wait4``). Both processes import torch and fairseq (the CTranslate2 one to read the
+* the whole process's wall time, and its peak resident memory (``VmHWM``, reported by the
+  process itself: :mod:`fairseq_rope.benchmark.peak_rss` says why not ``ru_maxrss``). Both
+  processes import torch and fairseq (the CTranslate2 one to read the
   binarized data), so the difference is the engines' own. :mod:`fairseq_rope.benchmark.memory`
   counts torch's tensors, which CTranslate2's do not belong to: it gives the weights of the
   fairseq model (:func:`~fairseq_rope.benchmark.memory.tensor_bytes`), set beside the size of
@@ -58,6 +59,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, report_error
 from fairseq_rope.benchmark import machine
+from fairseq_rope.benchmark.peak_rss import measured_command
 from fairseq_rope.benchmark.timing import paired_speedup, summarize
 from fairseq_rope.evaluation.report import markdown_table
 
@@ -166,20 +168,20 @@ def command(engine: str, model: str, checkpoints: Dict[str, Path], model_dirs, d
 def run_once(argv: Sequence[str], threads: int, output: Path, log: Path) -> Tuple[float, int, float, int]:
     """Run one decode process; (decode seconds, sentences, process seconds, peak RSS bytes)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    report = log.with_suffix(".peak_rss")
+    report.unlink(missing_ok=True)
     start = time.perf_counter()
     with open(output, "wb") as out, open(log, "wb") as err:
-        process = subprocess.Popen(list(argv), stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
+        returncode = subprocess.run(measured_command(argv, report), stdout=out, stderr=err, env=env).returncode
     seconds = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
     text = log.read_text(encoding="utf-8", errors="replace")
-    if process.returncode != 0:
+    if returncode != 0 or not report.is_file():
         raise FairseqRopeError(f"{' '.join(argv[:4])}... failed (log: {log}):\n{text[-2000:]}")
     match = SUMMARY.search(text)
     if match is None:
         raise FairseqRopeError(f"no 'Translated N sentences' summary in {log}")
     sentences = int(match.group(1).replace(",", ""))
-    return sentences / float(match.group(3)), sentences, seconds, usage.ru_maxrss * 1024  # ru_maxrss: KiB
+    return sentences / float(match.group(3)), sentences, seconds, int(report.read_text())
 
 
 # ---------------------------------------------------------------- quality
