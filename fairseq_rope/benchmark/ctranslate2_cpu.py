@@ -340,6 +340,10 @@ def _target(name: str, measured: str, met: bool) -> Dict[str, Any]:
     return {"target": name, "measured": measured, "met": met}
 
 
+#: Where the runs are read by hand (why a target is not met).
+READING = "Why a target is not met, run by run: `docs/benchmarks/README.md`, section CTranslate2."
+
+
 def report(results: Dict[str, Any], script: str, argv: Optional[Sequence[str]]) -> List[str]:
     summarized = summary(results)
     described = results["machine"]
@@ -374,6 +378,8 @@ def report(results: Dict[str, Any], script: str, argv: Optional[Sequence[str]]) 
         *markdown_table(["target", "measured", "met"],
                         [[t["target"], t["measured"], "met" if t["met"] else "**not met**"]
                          for t in summarized["targets"]]),
+        "",
+        READING,
         "",
     ]
     return lines
