@@ -20,11 +20,18 @@ PLUGIN_DIR = REPO / "fairseq_rope"
 BIN_DIR = Path(sys.executable).parent
 
 
+#: Whether this process is a pytest-xdist worker. Not from PYTEST_XDIST_WORKER, which a pytest
+#: started by a test (the GPU suite's dry run) would inherit.
+XDIST_WORKER = False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test`` runs one worker per core), each worker and every process
     its tests start compute on one thread: with torch's default of one per core, the workers'
     threads wait for each other."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    global XDIST_WORKER
+    XDIST_WORKER = hasattr(config, "workerinput")
+    if XDIST_WORKER:
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
 
@@ -82,7 +89,7 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if XDIST_WORKER:
         root = root.parent  # the run's directory, above every worker's own
     path, built = root / name, root / f"{name}.built"
     path.parent.mkdir(parents=True, exist_ok=True)
