@@ -70,6 +70,12 @@ def ntk_frequencies(inv_freq: Tensor, scale: Scale) -> Tensor:
     return inv_freq * torch.as_tensor(scale, dtype=inv_freq.dtype) ** (-2 * index / (2 * half - 2))
 
 
+def ntk_base(base: float, scale: float, rope_dim: int) -> float:
+    """The same NTK-aware scaling as :func:`ntk_frequencies`, as the base b·s^(d/(d−2)) itself:
+    what an engine that takes only a base (CTranslate2) is given."""
+    return base * scale ** (rope_dim / (rope_dim - 2))
+
+
 def yarn_ramp(inv_freq: Tensor, original_length: float) -> Tensor:
     """γ(r_i) of Peng et al. §3.2, with r_i = L/λ_i = L·θ_i/(2π): 0 where a dimension turns
     fewer than α times within L (interpolated), 1 beyond β turns (kept), linear between."""

@@ -40,7 +40,7 @@ from fairseq_rope.deploy import DeployError, require_ctranslate2
 from fairseq_rope.models.architectures import EncodingOptions
 from fairseq_rope.models.transformer_rope import ROPE_OPTIONS
 from fairseq_rope.models.transformer_rpe import RPE_OPTIONS
-from fairseq_rope.rope_scaling import SCALINGS
+from fairseq_rope.rope_scaling import SCALINGS, ntk_base
 
 STOCK, ROPE, RPE = "transformer", "transformer_rope", "transformer_rpe"
 FAMILIES = (STOCK, ROPE, RPE)
@@ -131,8 +131,13 @@ def _refuse_unmapped_options(args: Namespace, family: EncodingOptions, supported
         )
 
 
+def _rope_scaling(args: Namespace) -> str:
+    """The model's --rope-scaling (checkpoints from before scaling have none)."""
+    return getattr(args, "rope_scaling", None) or "none"
+
+
 def _refuse_unmapped_scaling(args: Namespace) -> None:
-    scaling = getattr(args, "rope_scaling", None) or "none"
+    scaling = _rope_scaling(args)
     if scaling in SCALINGS and scaling not in CT2_ROPE_SCALINGS:  # a bad value fails the model's validation
         lacks = ("a scale per sentence (its rotary scaling is fixed at conversion)" if scaling.startswith("dynamic-")
                  else "YaRN's ramp over the frequencies and its attention temperature")
@@ -150,11 +155,11 @@ def rotary_options(args: Namespace, head_dim: int) -> Dict[str, object]:
     # rotary_dim 0: every dimension of the head (CTranslate2's convention); ours is None.
     rotary = {"rotary_dim": args.rope_dim or 0, "rotary_interleave": args.rope_layout == "interleaved",
               "rotary_base": float(args.rope_theta)}
-    scaling, factor = getattr(args, "rope_scaling", None) or "none", getattr(args, "rope_scaling_factor", None)
+    scaling = _rope_scaling(args)
     if scaling == "linear":  # CTranslate2 divides the positions by the factor: θ_i/S
-        rotary.update(rotary_scaling_type=RotaryScalingType.Linear, rotary_scaling_factor=float(factor))
-    elif scaling == "ntk":  # the NTK-aware base b·S^(d/(d−2)) (rope_scaling.ntk_frequencies)
-        rotary["rotary_base"] = float(args.rope_theta) * float(factor) ** (rope_dim / (rope_dim - 2))
+        rotary.update(rotary_scaling_type=RotaryScalingType.Linear, rotary_scaling_factor=float(args.rope_scaling_factor))
+    elif scaling == "ntk":
+        rotary["rotary_base"] = ntk_base(float(args.rope_theta), float(args.rope_scaling_factor), rope_dim)
     return rotary
 
 
