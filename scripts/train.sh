@@ -11,7 +11,9 @@
 #
 # Writes SAVE_DIR/command.txt (the resolved command of the latest run, after a
 # `cd` to the directory it ran in, as paths may be relative) and appends
-# fairseq's log to SAVE_DIR/train.log while showing it on the terminal.
+# fairseq's log to SAVE_DIR/train.log while showing it on the terminal, after
+# two lines of its own: the command, and what it trains with (threads, CPU,
+# plugin commit, device) as JSON, so a run resumed elsewhere keeps both.
 #
 # Resuming: rerunning with the same SAVE_DIR continues from
 # SAVE_DIR/checkpoint_last.pt (model, optimizer, lr schedule, position in the

@@ -68,9 +68,11 @@ BLEU_NOTE = (
     "that did not measure it, the mean then being over the others). Parameters: "
     "elements of the averaged checkpoint's model state, tied embeddings once, buffers excluded. "
     "Train tokens/s: mean over epochs of fairseq's wps (target tokens per second); each run's "
-    "threads, CPU and commit are under Runs. Wall time: sum of fairseq-train's 'done training in' over the "
-    "run's invocations. Updates: those trained, or for a run trained to convergence the update where "
-    "its rule stopped it."
+    "threads, CPU and commit are under Runs. Wall time: fairseq's training time up to the newest "
+    "averaged checkpoint, which it saves in each checkpoint and carries across resumes (validation "
+    "included; runs recorded before 2026-11-25: the sum of fairseq-train's 'done training in' over the "
+    "run's invocations; each record's train_wall_source says which). Updates: those trained, or for a "
+    "run trained to convergence the update where its rule stopped it."
 )
 
 
@@ -288,13 +290,19 @@ def runs_table(runs: Runs) -> List[str]:
 
 
 def _trained_with(run: Dict[str, Any]) -> str:
-    """Threads, CPU and plugin commit of the training (run.json has them from 2026-11-24 on)."""
+    """Device, threads, CPU and plugin commit of the training (run.json has them from 2026-11-24
+    on; per invocation, from the log, from 2026-11-25 on)."""
+    device = f"on {run['train_device']}" if run.get("train_device") else ""
     if run.get("train_threads") is None:
-        return "not recorded"
-    commit = run.get("code_commit")
-    code = "commit unknown" if not commit else f"`{commit[:10]}`{commit[40:]}"
-    device = f"on {run['train_device']}, " if run.get("train_device") else ""
-    return f"{device}{run['train_threads']} threads, {run.get('train_cpu') or 'CPU unknown'}, {code}"
+        return f"{device}; threads, CPU and commit not recorded" if device else "not recorded"
+    commits = str(run.get("code_commit") or "").split(" + ")
+    code = ("commit unknown" if not commits[0] else
+            " + ".join(f"`{c[:10]}`{c[40:]}" for c in commits))
+    invocations, recorded = run.get("train_invocations"), run.get("train_invocations_recorded")
+    partial = (f" (recorded by {recorded} of its {invocations} invocations)"
+               if invocations is not None and recorded is not None and recorded < invocations else "")
+    return (f"{device}{', ' if device else ''}{run['train_threads']} threads, "
+            f"{run.get('train_cpu') or 'CPU unknown'}, {code}{partial}")
 
 
 def _optional(value: Optional[float]) -> str:
@@ -453,12 +461,15 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
     """The table of a scale from its runs (``records``: ``RESULTS/runs/<scale>``)."""
     n = sum(len(rs) for rs in runs.values())
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
+    runs_from = _shown_path(scale_dir(work_dir, scale))
+    if Path(runs_from).is_absolute():  # another checkout's runs: a committed table names no machine's paths
+        runs_from = f"WORK_DIR/{scale.name}` of `collect --work-dir WORK_DIR"
     out = [
         f"# The RoFormer table, scale `{scale.name}`",
         "",
         f"Scale: {scale.title}. Written by `scripts/reproduce_table.sh collect --scale {scale.name}` "
         f"from {n} finished run(s) recorded in `{_shown_path(records)}` ({now}; the runs of "
-        f"`{_shown_path(scale_dir(work_dir, scale))}` are recorded there first); "
+        f"`{runs_from}` are recorded there first); "
         "rerun it rather than editing this file.",
         "",
     ]

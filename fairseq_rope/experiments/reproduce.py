@@ -35,10 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-import torch
-
 from fairseq_rope import base
-from fairseq_rope.experiments import collect
+from fairseq_rope.experiments import collect, training
+from fairseq_rope.experiments.training import PROVENANCE_KEYS
 from fairseq_rope.evaluation.averaging import tied_aliases
 from fairseq_rope.checkpoints import load_checkpoint
 from fairseq_rope.base import report_error, split_passthrough
@@ -109,6 +108,8 @@ class TrainLog:
     num_updates: Optional[int] = None
     valid_loss: Dict[int, float] = field(default_factory=dict)  # num_updates -> loss
     valid_bleu: Dict[int, float] = field(default_factory=dict)  # num_updates -> --eval-bleu's BLEU
+    # One per train.sh invocation (its header line): PROVENANCE_KEYS as far as it recorded them.
+    invocations: List[Dict[str, Any]] = field(default_factory=list)
 
 
 # --- Steps
@@ -234,10 +235,20 @@ def parse_train_log(lines: Iterable[str]) -> TrainLog:
     ... | valid on 'valid' subset | loss X | ... | num_updates N`` lines the
     validation loss at update N, and with ``--eval-bleu`` its valid BLEU (a later
     line for the same update wins);
-    ``done training in X seconds`` the training time of each invocation.
+    ``done training in X seconds`` the training time of each invocation; train.sh's header
+    line and provenance line (:func:`fairseq_rope.experiments.training.record_run`) what
+    each invocation trained with (the device alone, from ``--cpu``, for headers older than
+    provenance lines).
     """
     log = TrainLog()
     for line in lines:
+        if line.startswith(training.PROVENANCE_PREFIX) and log.invocations:
+            log.invocations[-1].update(json.loads(line[len(training.PROVENANCE_PREFIX):]))
+            continue
+        if line.startswith(training.HEADER_PREFIX):
+            command = line.partition(f": {training.PROGRAM} ")[2].split()
+            log.invocations.append({"train_device": "cpu"} if "--cpu" in command else {})
+            continue
         done = DONE_TRAINING.search(line)
         if done is not None:
             log.training_seconds.append(float(done.group(1)))
@@ -296,23 +307,44 @@ def longest_training_pair(data_bin: Path) -> Dict[str, int]:
     return longest
 
 
+def logged_provenance(log: TrainLog) -> Dict[str, Any]:
+    """What the run's training invocations trained with (PROVENANCE_KEYS): per key, the value of
+    every invocation that recorded it, or their distinct values joined by " + " where they
+    differ (a run resumed on other hardware or code), None where none did; and how many of its
+    invocations recorded all of them, of how many."""
+    merged: Dict[str, Any] = {}
+    for key in PROVENANCE_KEYS:
+        distinct = list(dict.fromkeys(i[key] for i in log.invocations if i.get(key) is not None))
+        merged[key] = None if not distinct else distinct[0] if len(distinct) == 1 else " + ".join(map(str, distinct))
+    merged["train_invocations"] = len(log.invocations)
+    merged["train_invocations_recorded"] = sum(
+        all(i.get(key) is not None for key in PROVENANCE_KEYS) for i in log.invocations)
+    return merged
+
+
 def summarize_run(
     row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
     extra: Sequence[str] = (), timer_seconds: Optional[float] = None,
-    length: Optional[Dict[str, Any]] = None, provenance: Optional[Mapping[str, Any]] = None,
-    convergence: Optional[Mapping[str, Any]] = None, budget_length: Optional[Dict[str, Any]] = None,
+    length: Optional[Dict[str, Any]] = None, convergence: Optional[Mapping[str, Any]] = None,
+    budget_length: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint.
 
-    ``provenance``: :func:`training_provenance` of the invocation that trained
-    (unknown, each None, when not given). A run of a converged scale
+    What it trained with comes from its log (:func:`logged_provenance`); a run whose log
+    recorded none keeps what an earlier ``run.json`` of it says. A run of a converged scale
     (``convergence``: :func:`convergence_of`) also gets its valid BLEU curve and,
-    under ``equal_budget``, the scores of its ``eval-budget/`` evaluation.
+    under ``equal_budget``, the scores and training time of its ``eval-budget/`` evaluation.
     """
     results = _read_json(save_dir / EVAL_DIR / "results.json")
     log = read_train_log(save_dir)
     command = train_command(save_dir)
-    model_state = load_checkpoint(results["checkpoint"])["model"]
+    checkpoint = load_checkpoint(results["checkpoint"])
+    model_state = checkpoint["model"]
+    provenance = logged_provenance(log)
+    previous = summary_path(save_dir)
+    if not provenance["train_invocations_recorded"] and previous.is_file():
+        earlier = _read_json(previous)
+        provenance.update({key: earlier.get(key) for key in PROVENANCE_KEYS if provenance[key] is None})
     summary: Dict[str, Any] = {
         "row": row.name,
         "scale": scale.name,
@@ -323,8 +355,8 @@ def summarize_run(
         "extra_train_args": list(extra),
         "parameters": count_parameters(model_state),
         "train_tokens_per_second": statistics.fmean(log.words_per_second) if log.words_per_second else None,
-        **_wall_time(log, timer_seconds),
-        **{key: (provenance or {}).get(key) for key in TRAINING_PROVENANCE},
+        **_wall_time(checkpoint, log, timer_seconds),
+        **provenance,
         "num_updates": log.num_updates,
         **_scores(results),
         "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
@@ -340,6 +372,7 @@ def summarize_run(
             "convergence": dict(convergence),
             "updates_at_convergence": convergence["update"],
             "equal_budget": {"updates": scale.equal_budget, **_scores(budget),
+                             "train_wall_seconds": _cumulative_training_time(load_checkpoint(budget["checkpoint"])),
                              **({"bleu_by_length": budget_length} if budget_length is not None else {})},
         })
     base.write_json(summary_path(save_dir), summary)
@@ -367,7 +400,20 @@ def _sha256(path: Optional[str]) -> Optional[str]:
     return sha256_file(Path(path)) if path and Path(path).is_file() else None
 
 
-def _wall_time(log: TrainLog, timer_seconds: Optional[float]) -> Dict[str, Any]:
+def _cumulative_training_time(checkpoint: Mapping[str, Any]) -> Optional[float]:
+    """fairseq's training time up to ``checkpoint`` (an averaged one keeps the newest's): it saves
+    it in every checkpoint and carries it across resumes, so it counts every invocation that led
+    to it, validation included, and none of the time an interrupted one lost after its last save."""
+    seconds = (checkpoint.get("extra_state") or {}).get("previous_training_time")
+    return None if seconds is None else float(seconds)
+
+
+def _wall_time(checkpoint: Mapping[str, Any], log: TrainLog, timer_seconds: Optional[float]) -> Dict[str, Any]:
+    seconds = _cumulative_training_time(checkpoint)
+    if seconds is not None:
+        return {"train_wall_seconds": seconds,
+                "train_wall_source": "fairseq's training time saved in the newest averaged checkpoint "
+                                     "(previous_training_time, carried across resumes)"}
     if log.training_seconds:
         return {"train_wall_seconds": sum(log.training_seconds),
                 "train_wall_source": "sum of fairseq-train's 'done training in' over "
@@ -445,24 +491,8 @@ def reproduce_row(
         evaluate(save_dir, data_bin, upper_bound=convergence["update"] if convergence else None, device=device)
     length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
     command = reproduce_command(row, scale, seed, extra, work_dir, device)
-    # A rerun that did not train keeps what the training invocation recorded, if anything.
-    previous = summary_path(save_dir)
-    provenance = (training_provenance(device) if seconds is not None
-                  else _read_json(previous) if previous.is_file() else None)
-    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length, provenance,
+    return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length,
                          convergence=convergence, budget_length=budget_length)
-
-
-#: What a run's speed and numbers depend on beyond its command, as run.json keys.
-TRAINING_PROVENANCE = ("train_threads", "train_cpu", "code_commit", "train_device")
-
-
-def training_provenance(device: Device) -> Dict[str, Any]:
-    """The threads, CPU, plugin commit and device of this invocation's training on ``device``:
-    fairseq-train inherits this process's OMP_NUM_THREADS and runs the plugin it imports, so they
-    are its own."""
-    return dict(zip(TRAINING_PROVENANCE,
-                    (torch.get_num_threads(), base.cpu_model(), base.git_commit(), device.name())))
 
 
 # --- Command line

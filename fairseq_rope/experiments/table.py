@@ -263,10 +263,11 @@ def record_hypotheses(run: Mapping[str, Any]) -> Optional[List[str]]:
 
 def at_equal_budget(run: Mapping[str, Any]) -> Dict[str, Any]:
     """A run of a converged scale as it scored at the equal budget: its ``equal_budget`` scores in
-    place of the converged ones, so that every table of runs applies unchanged (its wall time,
-    that of the whole run, is left out)."""
-    at_budget = {**run, **run["equal_budget"], "num_updates": run["equal_budget"]["updates"],
-                 "train_wall_seconds": None, "evaluation": BUDGET_EVAL_DIR}
+    place of the converged ones, so that every table of runs applies unchanged (its wall time:
+    the training time to the budget where recorded, else none, never the whole run's)."""
+    budget = run["equal_budget"]
+    at_budget = {**run, **budget, "num_updates": budget["updates"],
+                 "train_wall_seconds": budget.get("train_wall_seconds"), "evaluation": BUDGET_EVAL_DIR}
     at_budget.pop("updates_at_convergence", None)
     return at_budget
 

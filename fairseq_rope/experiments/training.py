@@ -2,7 +2,7 @@
 
 ``fairseq-rope-train [--force] CONFIG DATA_BIN SAVE_DIR [EXTRA...]`` checks
 everything that can be checked before fairseq starts, and only then writes
-``SAVE_DIR/command.txt`` and a header line in ``SAVE_DIR/train.log``, runs
+``SAVE_DIR/command.txt`` and a header and a provenance line in ``SAVE_DIR/train.log``, runs
 fairseq-train with the config's options followed by EXTRA (so EXTRA overrides
 them) and appends fairseq's log to ``train.log`` while showing it. A failed
 check exits with status 2 and an ``error:`` line naming the culprit, having
@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shlex
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, report_error, split_passthrough
@@ -48,6 +49,11 @@ from fairseq_rope.experiments.config import DEFAULT_CONFIG_DIR, ConfigError, loa
 PROGRAM = "fairseq-train"
 COMMAND_FILE = "command.txt"
 LOG_FILE = "train.log"
+# train.log's lines of each invocation, before fairseq's: "# DATE HOST in CWD: COMMAND",
+# then "# provenance {JSON}" (since 2026-11-25; PROVENANCE_KEYS, as in a run's run.json).
+HEADER_PREFIX = "# "
+PROVENANCE_PREFIX = "# provenance "
+PROVENANCE_KEYS = ("train_threads", "train_cpu", "code_commit", "train_device")
 # Options that may differ between the runs of one SAVE_DIR: when to stop, and
 # how often to validate, save and log. None of them changes the model, the
 # data or the update rule, so a run continued with other values is the same run.
@@ -209,13 +215,30 @@ def check_save_dir(save_dir: Path, argv: Sequence[str], cwd: str, force: bool) -
             f"{save_dir / COMMAND_FILE}); it differs in:\n  " + "\n  ".join(diffs) + f"\n{HINT}")
 
 
+def training_provenance(argv: Sequence[str]) -> Dict[str, Any]:
+    """What this invocation's speed and numbers depend on beyond its command (keys:
+    :data:`PROVENANCE_KEYS`): fairseq-train inherits this process's threads
+    (OMP_NUM_THREADS) and visible GPUs, and runs the plugin it imports, so they are its own."""
+    import torch
+
+    _, options = parse_command(argv)
+    on_gpu = "cpu" not in options and torch.cuda.is_available()  # else fairseq trains on the CPU
+    return dict(zip(PROVENANCE_KEYS, (
+        torch.get_num_threads(), base.cpu_model(), base.git_commit(),
+        torch.cuda.get_device_name(0) if on_gpu else "cpu")))
+
+
 def record_run(save_dir: Path, argv: Sequence[str], cwd: str) -> None:
-    """Write ``command.txt`` (the latest run's command) and a header line in ``train.log``."""
+    """Write ``command.txt`` (the latest run's command), and a header line and a provenance
+    line (:func:`training_provenance`, JSON) for this invocation in ``train.log``: a run
+    resumed across sessions and machines keeps what each of its invocations trained with."""
     command = shlex.join([PROGRAM, *argv])
     base.write_text(save_dir / COMMAND_FILE, f"{shlex.join(['cd', cwd])}\n{command}\n")
     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    provenance = json.dumps(training_provenance(argv), sort_keys=True)
     with open(save_dir / LOG_FILE, "a", encoding="utf-8") as log:
-        log.write(f"# {stamp} {socket.gethostname()} in {cwd}: {command}\n")
+        log.write(f"{HEADER_PREFIX}{stamp} {socket.gethostname()} in {cwd}: {command}\n")
+        log.write(f"{PROVENANCE_PREFIX}{provenance}\n")
 
 
 USAGE = "[--force] [--config-dir DIR] CONFIG DATA_BIN SAVE_DIR [extra fairseq-train args...]"

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from fairseq_rope.experiments import reproduce
+from fairseq_rope.experiments import reproduce, training
 from fairseq_rope.experiments.device import CPU, Device
 from fairseq_rope.experiments.table import ROWS, SCALES, TableError
 
@@ -70,8 +70,9 @@ def test_a_cpu_step_runs_in_a_process_that_sees_no_gpu(monkeypatch):
 
 
 def test_the_record_names_the_device(two_gpus, tmp_path):
-    assert reproduce.training_provenance(Device("cuda", 1))["train_device"] == "NVIDIA H100 #1"
-    assert reproduce.training_provenance(CPU)["train_device"] == "cpu"
+    # train.sh's process sees the run's GPU only (CUDA_VISIBLE_DEVICES), as its GPU 0.
+    assert training.training_provenance(["data-bin", "--arch", "x"])["train_device"] == "NVIDIA H100 #0"
+    assert training.training_provenance(["data-bin", "--cpu"])["train_device"] == "cpu"
     rope, multi30k = ROWS["rope"], SCALES["multi30k"]
     assert reproduce.reproduce_command(rope, multi30k, 2, device=Device("cuda", 1)) == (
         "scripts/reproduce_table.sh rope --scale multi30k --seed 2 --device cuda:1")

@@ -82,6 +82,9 @@ def test_a_converged_cell_scores_the_equal_budget_on_the_fixed_budget_trajectory
     assert [u for u, _ in summary["valid_bleu"]] == list(range(1, 10))  # every validation, scored
     assert summary["convergence"]["reason"] == "cap" and summary["updates_at_convergence"] == 9
     assert summary["num_updates"] == 9 and summary["equal_budget"]["updates"] == 6
+    # fairseq's own training time, to the budget and to the cap; what each invocation trained with.
+    assert 0 < summary["equal_budget"]["train_wall_seconds"] < summary["train_wall_seconds"]
+    assert summary["train_device"] == "cpu" and summary["train_invocations_recorded"] == 2
     averaged = {where: [line.rsplit("_", 1)[1] for line in (run / where / "averaged_checkpoints.txt").read_text().split()]
                 for where in ("eval", "eval-budget")}
     assert averaged == {"eval": ["5.pt", "6.pt", "7.pt", "8.pt", "9.pt"],

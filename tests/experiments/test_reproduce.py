@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 import pytest
 import torch
 
-from fairseq_rope.experiments import collect, reproduce
+from fairseq_rope.experiments import collect, reproduce, training
 from fairseq_rope.evaluation.averaging import average_checkpoints
 from fairseq_rope.experiments.config import load_experiment
 from fairseq_rope.experiments.device import CPU
@@ -174,28 +174,42 @@ def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
     assert save_dir == tmp_path / "wmt14" / "learned" / "seed7"
 
 
-def test_threads_cpu_and_commit_are_recorded_by_the_invocation_that_trained(tmp_path, monkeypatch):
-    """Speed and numbers depend on them: recorded when training ran, kept by a rerun that only
-    re-reports, unknown (None) when neither knows."""
-    trained = []
-    monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "bin")
-    monkeypatch.setattr(reproduce, "train", lambda *a: trained.pop() if trained else None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the default device: the CPU
-    monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: None)
-    monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: {
-        key: (a[-1] or {}).get(key) for key in reproduce.TRAINING_PROVENANCE})
+RESUMED_LOG = """\
+# 2026-01-01T00:00:00 host in /repo: fairseq-train data-bin --arch a --cpu --max-update 1791
+2026-01-01 00:10:00 | INFO | train | epoch 001 | loss 9.1 | wps 20000 | num_updates 75
+# 2026-01-02T00:00:00 host in /repo: fairseq-train data-bin --arch a --cpu
+# provenance {"code_commit": "a" , "train_cpu": "Xeon", "train_device": "cpu", "train_threads": 2}
+2026-01-02 00:10:00 | INFO | train | epoch 002 | loss 8.1 | wps 20000 | num_updates 150
+# 2026-01-03T00:00:00 host in /repo: fairseq-train data-bin --arch a --cpu
+# provenance {"code_commit": "b", "train_cpu": "Xeon", "train_device": "cpu", "train_threads": 2}
+"""
+
+
+def test_what_a_run_trained_with_is_read_from_its_log_per_invocation():
+    """Threads, CPU, commit and device of every train.sh invocation of a run resumed across
+    sessions: one value where they agree, all where they differ; the device alone (--cpu) for an
+    invocation logged before provenance lines."""
+    log = reproduce.parse_train_log(RESUMED_LOG.splitlines())
+    assert len(log.invocations) == 3 and log.invocations[0] == {"train_device": "cpu"}
+    assert reproduce.logged_provenance(log) == {
+        "train_threads": 2, "train_cpu": "Xeon", "code_commit": "a + b", "train_device": "cpu",
+        "train_invocations": 3, "train_invocations_recorded": 2}
+    gpu = reproduce.parse_train_log(["# 2026-01-01T00:00:00 host in /repo: fairseq-train data-bin --arch a"])
+    assert reproduce.logged_provenance(gpu)["train_device"] is None  # not --cpu: which GPU is unknown
+    assert collect._trained_with(reproduce.logged_provenance(log)) == (
+        "on cpu, 2 threads, Xeon, `a` + `b` (recorded by 2 of its 3 invocations)")
+    assert collect._trained_with({"train_device": "cpu"}) == "on cpu; threads, CPU and commit not recorded"
+
+
+def test_train_sh_logs_what_each_invocation_trains_with(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    trained.append(60.0)
-    now = reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path)
-    assert now["train_threads"] == 3 and now["train_cpu"] and now["code_commit"]  # a git checkout
-    assert now["train_device"] == "cpu"
-    save = run_dir(tmp_path, SCALES["demo"], ROWS["rope"], 1)
-    (save / "eval").mkdir(parents=True)
-    (save / "eval" / "results.json").write_text("{}")
-    assert set(reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path).values()) == {None}
-    earlier = {"train_threads": 2, "train_cpu": "then", "code_commit": "abc"}
-    summary_path(save).write_text(json.dumps(earlier))
-    assert reproduce.reproduce_row(ROWS["rope"], SCALES["demo"], 1, tmp_path) == {**earlier, "train_device": None}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for _ in range(2):
+        training.record_run(tmp_path, ["data-bin", "--arch", "a", "--cpu"], "/repo")
+    invocations = reproduce.read_train_log(tmp_path).invocations
+    assert len(invocations) == 2 and invocations[0] == invocations[1]
+    assert invocations[0]["train_threads"] == 3 and invocations[0]["train_device"] == "cpu"
+    assert invocations[0]["code_commit"] and invocations[0]["train_cpu"]  # a git checkout, a CPU
 
 
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
@@ -312,13 +326,32 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["parameters"] == expected
     assert summary["arch"] == "arch_sinusoidal" and summary["config"] == "sinusoidal_demo"
     assert summary["train_tokens_per_second"] == 25000.0  # mean of the two epoch summaries
+    # No training time in the checkpoint: the sum of fairseq-train's "done training in".
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
     assert summary["bleu_tokenized"] == 12.5 and summary["sacrebleu"] == 11.0
-    assert summary["train_threads"] is None and summary["code_commit"] is None  # not given: not guessed
+    assert summary["train_threads"] is None and summary["code_commit"] is None  # not logged: not guessed
+    assert summary["train_invocations"] == 2 and summary["train_invocations_recorded"] == 0
     assert shlex.split(summary["reproduce_command"]) == [
         "scripts/reproduce_table.sh", "sinusoidal", "--scale", "demo", "--seed", "3",
         "--", "--max-update", "150"]
+
+
+def test_a_resumed_runs_wall_time_is_fairseqs_own_and_an_older_record_keeps_its_provenance(tiny_state, tmp_path):
+    """fairseq saves its training time in every checkpoint and carries it across resumes (an
+    invocation killed by a time limit prints no "done training in"); the averaged checkpoint
+    keeps the newest one's. A log without provenance lines keeps what an earlier run.json said."""
+    state, _ = tiny_state
+    save = write_run(tmp_path, "demo", "sinusoidal", 1, bleu=12.5)
+    checkpoint = save / "checkpoint_avg_last5.pt"
+    torch.save({"model": state, "extra_state": {"previous_training_time": 5000.5}}, checkpoint)
+    (save / "eval" / "results.json").write_text(json.dumps({"bleu_tokenized": 12.5, "checkpoint": str(checkpoint)}))
+    earlier = {"train_threads": 2, "train_cpu": "then", "code_commit": "abc", "train_device": "cpu"}
+    summary_path(save).write_text(json.dumps(earlier))
+    summary = reproduce.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 1, save,
+                                      Path("configs/sinusoidal_demo.yaml"), "command")
+    assert summary["train_wall_seconds"] == 5000.5 and "previous_training_time" in summary["train_wall_source"]
+    assert {key: summary[key] for key in earlier} == earlier
 
 
 # --- collect
@@ -631,7 +664,8 @@ def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, 
 
 
 def write_converged_run(work: Path, row: str, seed: int, converged: float, budget: float,
-                        curve: Dict[int, float], stop: int, hyps: str, budget_hyps: str, reference: Path) -> Path:
+                        curve: Dict[int, float], stop: int, hyps: str, budget_hyps: str, reference: Path,
+                        budget_wall: Optional[float] = None) -> Path:
     """A fake finished run of the converged scale with its valid BLEU curve and both evaluations."""
     save = write_run(work, "multi30k-converged", row, seed, bleu=converged, sacre=converged - 0.5)
     for where, text in (("eval", hyps), ("eval-budget", budget_hyps)):
@@ -647,7 +681,8 @@ def write_converged_run(work: Path, row: str, seed: int, converged: float, budge
                         "best_update": min(u for u, b in curve.items() if b == best), "best_bleu": best},
         "updates_at_convergence": stop,
         "equal_budget": {"updates": 1791, "bleu_tokenized": budget, "sacrebleu": budget - 0.5, "chrf": 50.0,
-                         "raw_reference": str(reference), "raw_reference_sha256": sha},
+                         "raw_reference": str(reference), "raw_reference_sha256": sha,
+                         "train_wall_seconds": budget_wall},
     })
     summary_path(save).write_text(json.dumps(summary))
     return save
@@ -663,12 +698,15 @@ def test_collect_a_converged_scale(tmp_path):
     sinusoidal = {199 * k: v for k, v in enumerate([10.0, 20.0, 30.0, 36.0, 38.0, 40.0, 39.5, 39.0, 39.8], 1)}
     rope = {199 * k: v for k, v in enumerate([15.0, 30.0, 38.5, 39.7, 40.2, 40.1, 39.9, 40.0], 1)}
     write_converged_run(work, "sinusoidal", 1, 40.0, 35.0, sinusoidal, 1791, good, poor, reference)
-    write_converged_run(work, "rope", 1, 39.0, 37.0, rope, 1592, poor, good, reference)
+    write_converged_run(work, "rope", 1, 39.0, 37.0, rope, 1592, poor, good, reference, budget_wall=1200.0)
     written = collect.collect(SCALES["multi30k-converged"], work, out)
     assert [p.name for p in written][-1] == "multi30k-converged_valid_bleu.png"
     for png in written[1:]:
         assert_png(png)
     md = (out / "multi30k-converged.md").read_text()
+    # Runs outside the checkout: the committed table names no machine's paths for them.
+    assert "the runs of `WORK_DIR/multi30k-converged` of `collect --work-dir WORK_DIR` are recorded" in md
+    assert str(work) not in md
     # Records keep both evaluations' hypotheses.
     record = out / "runs" / "multi30k-converged" / "rope" / "seed1"
     assert {p.name for p in record.glob("*.gz")} == {"hyps.detok.de.gz", "budget.hyps.detok.de.gz"}
@@ -677,6 +715,8 @@ def test_collect_a_converged_scale(tmp_path):
     assert "| 40.00 |" in table_line(converged, "sinusoidal") and "| 39.00 |" in table_line(converged, "rope")
     assert "| 35.00 |" in table_line(budget, "sinusoidal") and "| 37.00 |" in table_line(budget, "rope")
     assert "| 1,791 |" in table_line(budget, "rope")  # updates: the budget
+    # Wall time at the budget: its own (20 min) where recorded, never the whole run's (5 min).
+    assert "| 20.0 | 1,791 |" in table_line(budget, "rope") and "| — | 1,791 |" in table_line(budget, "sinusoidal")
     significance = [line for line in md.splitlines() if line.startswith("| rope | 1 |") and "→" in line]
     assert len(significance) == 2 and "| 100.00 → 28.65 | 0.001 * |" in significance[0]
     assert "| 28.65 → 100.00 | 0.001 * |" in significance[1]
