@@ -27,7 +27,7 @@ import datetime
 import shlex
 import statistics
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_rope import base
 from fairseq_rope.experiments.config import ConfigError, load_experiment
@@ -134,7 +134,25 @@ def model_cell(row: Row, scale: Scale, runs: Sequence[Dict[str, Any]]) -> str:
     return f"{row.title}: " + ", ".join(f"`{a}`" for a in archs)
 
 
+#: A run whose fastest epoch was more than this many times its slowest (fairseq's wps) did not
+#: train at one speed: another job shared the CPU, or it resumed on other hardware.
+UNEVEN_SPEED = 1.5
+UNEVEN_MARK = " ‡"
+UNEVEN_NOTE = (
+    f"‡: a run of this row trained at uneven speed (its fastest epoch more than {UNEVEN_SPEED:g}× its "
+    "slowest: the CPU was shared part of the time, or it resumed on other hardware), so its tokens/s "
+    "and wall time say how it was run, not what the model costs; docs/benchmarks compares speeds."
+)
+
+
+def uneven_speed(run: Mapping[str, Any]) -> bool:
+    """Whether the run's epochs trained at speeds more than UNEVEN_SPEED apart."""
+    slowest, fastest = run.get("train_tokens_per_second_range") or (None, None)
+    return bool(slowest) and fastest / slowest > UNEVEN_SPEED
+
+
 def main_table(scale: Scale, runs: Runs) -> List[str]:
+    """The headline table, and the note on uneven speeds when a row has one (``‡``)."""
     unit, seconds = wall_time_unit(runs)
     paper = "paper BLEU (WMT14 newstest2014)" + ("" if scale.paper_comparable else ", not comparable")
     header = ["row", "model", "seeds", "BLEU (tokenized, compound-split)", "sacreBLEU", "chrF", paper,
@@ -147,15 +165,17 @@ def main_table(scale: Scale, runs: Runs) -> List[str]:
             lines.append([name, model_cell(row, scale, rs), NOT_RUN, NOT_RUN, NOT_RUN, NOT_RUN, row.paper,
                           MISSING, MISSING, MISSING, MISSING, MISSING])
             continue
+        mark = UNEVEN_MARK if any(uneven_speed(r) for r in rs) else ""
         lines.append([
             name, model_cell(row, scale, rs), seeds_cell(rs),
             cell(values(rs, "bleu_tokenized"), _bleu), cell(values(rs, "sacrebleu"), _bleu),
             cell(values(rs, "chrf"), _bleu), row.paper, runaway_cell(rs),
-            cell(values(rs, "parameters"), _count), cell(values(rs, "train_tokens_per_second"), _count),
-            cell(values(rs, "train_wall_seconds", seconds), lambda v: f"{v:.1f}"),
+            cell(values(rs, "parameters"), _count), cell(values(rs, "train_tokens_per_second"), _count) + mark,
+            cell(values(rs, "train_wall_seconds", seconds), lambda v: f"{v:.1f}") + mark,
             cell([r.get("updates_at_convergence", r.get("num_updates")) for r in rs], _count),
         ])
-    return markdown_table(header, lines)
+    uneven = any(UNEVEN_MARK in line[9] for line in lines)
+    return markdown_table(header, lines) + (["", UNEVEN_NOTE] if uneven else [])
 
 
 def seeds_cell(runs: Sequence[Dict[str, Any]]) -> str:
@@ -490,7 +510,8 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         out += [f"## The same runs at the equal budget ({scale.equal_budget} updates)", "",
                 f"Each run's average of its last 5 checkpoints up to update {scale.equal_budget}, "
                 "decoded and scored as above: the budget of the fixed-budget table, from the "
-                "trajectories that go on to convergence.", ""]
+                "trajectories that go on to convergence. Tokens/s and wall time: their training up to "
+                "that update (— for runs recorded before these were).", ""]
         out += main_table(scale, at_budget) + ["", "### Significance at the equal budget", ""]
         out += significance_table(at_budget) + [""]
     if scale.bucket_edges:

@@ -101,7 +101,7 @@ longest training sentence stay untrained."""
 class TrainLog:
     """What fairseq-train's log (``--log-format simple``) says about a run."""
 
-    words_per_second: List[float] = field(default_factory=list)  # per epoch summary
+    epoch_wps: Dict[int, float] = field(default_factory=dict)  # num_updates -> an epoch summary's wps
     # fairseq-train's "done training in X seconds", one per completed invocation.
     # (Its `wall` field restarts at 0 when a run resumes, so it is not used.)
     training_seconds: List[float] = field(default_factory=list)
@@ -262,7 +262,7 @@ def parse_train_log(lines: Iterable[str]) -> TrainLog:
         log.num_updates = max(updates, log.num_updates or 0)
         if m.group(1) == "train":
             if "wps" in fields:
-                log.words_per_second.append(float(fields["wps"]))
+                log.epoch_wps[updates] = float(fields["wps"])
         elif fields.get("valid") in (None, "on 'valid' subset") and "loss" in fields:
             log.valid_loss[updates] = float(fields["loss"])
             if "bleu" in fields:
@@ -354,7 +354,7 @@ def summarize_run(
         "arch": option_value(command, "--arch"),
         "extra_train_args": list(extra),
         "parameters": count_parameters(model_state),
-        "train_tokens_per_second": statistics.fmean(log.words_per_second) if log.words_per_second else None,
+        **_speed(log),
         **_wall_time(checkpoint, log, timer_seconds),
         **provenance,
         "num_updates": log.num_updates,
@@ -373,6 +373,7 @@ def summarize_run(
             "updates_at_convergence": convergence["update"],
             "equal_budget": {"updates": scale.equal_budget, **_scores(budget),
                              "train_wall_seconds": _cumulative_training_time(load_checkpoint(budget["checkpoint"])),
+                             **_speed(log, upto=scale.equal_budget),
                              **({"bleu_by_length": budget_length} if budget_length is not None else {})},
         })
     base.write_json(summary_path(save_dir), summary)
@@ -398,6 +399,14 @@ def _scores(results: Mapping[str, Any]) -> Dict[str, Any]:
 
 def _sha256(path: Optional[str]) -> Optional[str]:
     return sha256_file(Path(path)) if path and Path(path).is_file() else None
+
+
+def _speed(log: TrainLog, upto: Optional[int] = None) -> Dict[str, Any]:
+    """Mean of the epoch summaries' wps (to update ``upto``), and the slowest and fastest epoch:
+    far apart when the CPU was shared part of the time or the run resumed on other hardware."""
+    wps = [w for updates, w in log.epoch_wps.items() if upto is None or updates <= upto]
+    return {"train_tokens_per_second": statistics.fmean(wps) if wps else None,
+            "train_tokens_per_second_range": [min(wps), max(wps)] if wps else None}
 
 
 def _cumulative_training_time(checkpoint: Mapping[str, Any]) -> Optional[float]:

@@ -84,6 +84,7 @@ def test_a_converged_cell_scores_the_equal_budget_on_the_fixed_budget_trajectory
     assert summary["num_updates"] == 9 and summary["equal_budget"]["updates"] == 6
     # fairseq's own training time, to the budget and to the cap; what each invocation trained with.
     assert 0 < summary["equal_budget"]["train_wall_seconds"] < summary["train_wall_seconds"]
+    assert summary["equal_budget"]["train_tokens_per_second"] > 0  # its epochs to the budget
     assert summary["train_device"] == "cpu" and summary["train_invocations_recorded"] == 2
     averaged = {where: [line.rsplit("_", 1)[1] for line in (run / where / "averaged_checkpoints.txt").read_text().split()]
                 for where in ("eval", "eval-budget")}

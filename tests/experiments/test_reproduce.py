@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -254,7 +255,7 @@ TRAIN_LOG = """\
 
 def test_parse_train_log():
     log = reproduce.parse_train_log(TRAIN_LOG.splitlines())
-    assert log.words_per_second == [20000.0, 30000.0]  # epoch summaries only, not train_inner
+    assert log.epoch_wps == {75: 20000.0, 150: 30000.0}  # epoch summaries only, not train_inner
     assert log.training_seconds == [24.1] and log.num_updates == 150  # the interrupted first run: none
     assert log.valid_loss == {60: 8.5, 120: 7.0}  # the resumed run's value wins
 
@@ -326,6 +327,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["parameters"] == expected
     assert summary["arch"] == "arch_sinusoidal" and summary["config"] == "sinusoidal_demo"
     assert summary["train_tokens_per_second"] == 25000.0  # mean of the two epoch summaries
+    assert summary["train_tokens_per_second_range"] == [20000.0, 30000.0]
     # No training time in the checkpoint: the sum of fairseq-train's "done training in".
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
@@ -728,6 +730,23 @@ def test_collect_a_converged_scale(tmp_path):
     assert line == "| sinusoidal | 1 | 40.00 | 1,194 | 1,791 | patience | 995 | 1,194 |"
     assert "not run" in table_line(converged.split("## Convergence")[1], "rpe")
     assert "![valid BLEU](multi30k-converged_valid_bleu.png)" in md
+
+
+def test_a_row_trained_at_uneven_speed_is_marked_in_tokens_per_second_and_wall_time():
+    """A shared CPU (or a resume elsewhere) shows as epochs of very different speed: the row's speed
+    cells say so, and the table says why, rather than pass the slowdown off as the model's cost."""
+    def run(epochs):
+        return {"seed": 1, "arch": "a", "bleu_tokenized": 30.0, "train_wall_seconds": 300.0,
+                "train_tokens_per_second": statistics.fmean(epochs), "train_tokens_per_second_range": epochs}
+
+    runs = {name: [] for name in ROWS}
+    runs.update(sinusoidal=[run([1000.0, 1400.0])], rope=[run([300.0, 1400.0])])
+    table = collect.main_table(SCALES["multi30k"], runs)
+    assert "| 850 ‡ | 5.0 ‡ |" in table_line("\n".join(table), "rope")
+    assert "‡" not in table_line("\n".join(table), "sinusoidal")  # 1.4x apart: one speed
+    assert table[-1] == collect.UNEVEN_NOTE
+    runs["rope"] = []
+    assert "‡" not in "\n".join(collect.main_table(SCALES["multi30k"], runs))
 
 
 def test_runs_of_one_row_on_different_devices_say_so():
