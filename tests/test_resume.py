@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from fairseq_rope.experiments import training
+from fairseq_rope.experiments.train_log import SAVED_CHECKPOINT, parse_train_log
 from fairseq_rope.checkpoints import load_checkpoint
 from tests.conftest import REPO
 
@@ -94,6 +95,9 @@ def test_training_killed_mid_epoch_resumes_bit_identically(toy_data_bin, tmp_pat
 
     resumed = finish(train_sh(CONFIG, toy_data_bin, "B", *SCHEDULE, cwd=tmp_path))
     epoch, updates = map(int, LOADED.search(resumed).groups())
+    # fairseq's own lines after each save, as train.sh's convergence stop reads them.
+    saved = {int(m.group(1)) for m in map(SAVED_CHECKPOINT.search, resumed.splitlines()) if m}
+    assert {35, 40} <= saved
     assert epoch == 2 and 28 <= updates < 36  # mid-epoch: epoch 2 ends at update 36
     finish(uninterrupted)
 
@@ -272,3 +276,73 @@ def test_train_sh_runs_fairseq_train_under_the_launcher(toy_data_bin, tmp_path):
     assert launched[0] == str(Path(sys.executable).parent / "fairseq-train")
     assert launched[1] == str(toy_data_bin) and launched[-2:] == ["--save-interval-updates", "1"]
     assert (save / "checkpoint_last.pt").exists()
+
+
+# --- A resumed run stops where its convergence rule does
+
+
+RESUMED_VALIDATIONS = "".join(
+    f"2026-11-25 12:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss 4.1 | bleu {b} "
+    f"| num_updates {u} | best_bleu 40.64\n"
+    for e, u, b in ((35, 4378, 40.64), (36, 4577, 39.97), (38, 4776, 38.99)))
+
+
+def fairseq_lines(update: int, bleu: float) -> List[str]:
+    """fairseq-train's log of one validation and the save that follows it (its own format)."""
+    return [
+        f"2026-11-25 17:16:41 | INFO | valid | epoch 042 | valid on 'valid' subset | loss 4.07 | nll_loss 2.367 "
+        f"| ppl 5.16 | bleu {bleu} | wps 791.4 | wpb 2650 | bsz 168 | num_updates {update} | best_bleu 40.64\n",
+        f"2026-11-25 17:16:42 | INFO | fairseq.checkpoint_utils | Saved checkpoint /runs/seed1/checkpoint_42_{update}.pt "
+        f"(epoch 42 @ {update} updates, score {bleu}) (writing took 0.31 seconds)\n",
+    ]
+
+
+def test_the_rule_counts_the_validations_of_earlier_invocations_and_waits_for_the_save():
+    """Best 40.64 at 4378, then two validations without beating it before the resume: with
+    --patience 4 the rule stops the run at its 2nd validation after resuming (fairseq, counting
+    from its own start, would go on for 3 more), once that checkpoint is saved."""
+    earlier = parse_train_log(RESUMED_VALIDATIONS.splitlines())
+    stop = training.StopAtConvergence(["--patience", "4", "--max-update", "7960"], earlier)
+    assert stop.converged() is None
+    first, second = fairseq_lines(4975, 39.83), fairseq_lines(5174, 39.82)
+    assert [stop.after(line) for line in first] == [None, None]
+    assert stop.after(second[0]) is None  # the rule is met, but the checkpoint is not saved yet
+    converged = stop.after(second[1])
+    assert (converged.update, converged.reason, converged.best_update) == (5174, "patience", 4378)
+    never = training.StopAtConvergence(["--max-update", "7960"], earlier)  # no --patience: fairseq's own stop
+    assert all(never.after(line) is None for line in first + second) and never.converged() is None
+
+
+# A stand-in for fairseq-train: logs two validations and their saves, then waits to be stopped
+# (SIGALRM ends it with an error after 60 s if nobody does).
+FAKE_FAIRSEQ = """
+import signal, sys
+sys.stdout.write(sys.argv[1])
+sys.stdout.flush()
+signal.alarm(60)
+signal.pause()
+"""
+
+
+def test_train_sh_stops_fairseq_train_at_the_rule_and_logs_why(tmp_path, capsys):
+    log = tmp_path / "train.log"
+    log.write_text(RESUMED_VALIDATIONS)
+    stop = training.StopAtConvergence.of_run(tmp_path, ["--patience", "4"])
+    lines = "".join(fairseq_lines(4975, 39.83) + fairseq_lines(5174, 39.82))
+    assert training.run_logged([sys.executable, "-c", FAKE_FAIRSEQ, lines], log, stop) == 0
+    text = log.read_text()
+    assert text.startswith(RESUMED_VALIDATIONS + lines)
+    assert text.endswith("train.sh stopped fairseq-train: converged at update 5174 by its rule (--patience 4, "
+                         "--max-update 0: patience; best valid BLEU 40.64 at 4378)\n")
+    assert parse_train_log(text.splitlines()).invocations == []  # the note is no invocation's header
+    assert "train.sh stopped fairseq-train" in capsys.readouterr().out
+
+
+def test_train_sh_does_not_start_a_run_its_rule_has_stopped(toy_data_bin, in_tmp, capsys):
+    save = in_tmp / "save"
+    save.mkdir()
+    (save / "train.log").write_text(RESUMED_VALIDATIONS + "".join(fairseq_lines(4975, 39.83)))
+    before = snapshot(save)
+    assert training.main([CONFIG, str(toy_data_bin), str(save), "--patience", "3", "--max-update", "7960"]) == 0
+    assert snapshot(save) == before  # nothing trained, nothing logged
+    assert "converged at update 4975 by its rule (--patience 3" in capsys.readouterr().err

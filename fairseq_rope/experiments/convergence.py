@@ -12,11 +12,14 @@ rule, declared in its config with fairseq's own options:
 
 fairseq applies the rule while training but forgets its patience count when a
 run resumes (``should_stop_early`` keeps it in a function attribute, not in the
-checkpoint), so a resumed run may train past the point the rule gives. The
-tables therefore apply the rule to the validations in the training log
-(:func:`converged_at`), which are the same whether or not the run was
-interrupted, and average the last checkpoints up to that update: the config
-keeps enough of them (``keep-interval-updates`` ≥ patience + 5).
+checkpoint), so a resumed run would train past the point the rule gives. So the
+rule is applied to the validations in the training log (:func:`converged_at`),
+which are the same whether or not the run was interrupted: by ``train.sh``,
+which stops fairseq-train there once that checkpoint is saved
+(:class:`~fairseq_rope.experiments.training.StopAtConvergence`), and by the
+tables, which average the last checkpoints up to that update (the config keeps
+enough of them, ``keep-interval-updates`` ≥ patience + 5, for runs trained
+past it by other means).
 """
 
 from __future__ import annotations

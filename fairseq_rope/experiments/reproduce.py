@@ -25,19 +25,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from fairseq_rope import base
-from fairseq_rope.experiments import collect, training
-from fairseq_rope.experiments.training import PROVENANCE_KEYS
+from fairseq_rope.experiments import collect
+from fairseq_rope.experiments.train_log import (
+    PROVENANCE_KEYS,
+    TrainLog,
+    logged_provenance,
+    read_train_log,
+)
 from fairseq_rope.evaluation.averaging import tied_aliases
 from fairseq_rope.checkpoints import load_checkpoint
 from fairseq_rope.base import report_error, split_passthrough
@@ -78,8 +81,6 @@ RESERVED_EXTRA = ("--seed", "--save-dir", "--user-dir", "--cpu")
 # State-dict entries that are buffers, not parameters (fairseq's version
 # counters, the sinusoidal embeddings' device/dtype marker).
 BUFFER_NAMES = ("version", "_float_tensor")
-LOG_RECORD = re.compile(r"\| (train|valid) \| epoch \d+ \| (.*)$")
-DONE_TRAINING = re.compile(r"\| done training in ([\d.]+) seconds")
 
 WMT14_LENGTH_HELP = """\
 Length extrapolation: --scale demo-length trains a row on synthetic sentences of
@@ -95,21 +96,6 @@ data-bin with the same config, evaluate on the full newstest2014 and run
 instead: it also caps the test sentences fairseq decodes and shrinks the learned
 row's table. The learned row keeps its 1024 positions, of which those past the
 longest training sentence stay untrained."""
-
-
-@dataclass
-class TrainLog:
-    """What fairseq-train's log (``--log-format simple``) says about a run."""
-
-    epoch_wps: Dict[int, float] = field(default_factory=dict)  # num_updates -> an epoch summary's wps
-    # fairseq-train's "done training in X seconds", one per completed invocation.
-    # (Its `wall` field restarts at 0 when a run resumes, so it is not used.)
-    training_seconds: List[float] = field(default_factory=list)
-    num_updates: Optional[int] = None
-    valid_loss: Dict[int, float] = field(default_factory=dict)  # num_updates -> loss
-    valid_bleu: Dict[int, float] = field(default_factory=dict)  # num_updates -> --eval-bleu's BLEU
-    # One per train.sh invocation (its header line): PROVENANCE_KEYS as far as it recorded them.
-    invocations: List[Dict[str, Any]] = field(default_factory=list)
 
 
 # --- Steps
@@ -208,10 +194,6 @@ def train_argv(config: Path, extra: Sequence[str]) -> List[str]:
     return [*load_experiment(config).argv(), *extra]
 
 
-def read_train_log(save_dir: Path) -> TrainLog:
-    return parse_train_log((save_dir / "train.log").read_text(encoding="utf-8").splitlines())
-
-
 def entry_point(module: str) -> List[str]:
     """The command running one of the package's entry points with this interpreter."""
     return [sys.executable, "-m", f"fairseq_rope.{module}"]
@@ -226,48 +208,6 @@ def run_step(command: Sequence[Any], device: Device = CPU) -> None:
 
 
 # --- The run's summary
-
-
-def parse_train_log(lines: Iterable[str]) -> TrainLog:
-    """Epoch summaries and validations of a fairseq-train log (appended to across resumes).
-
-    ``train | epoch ...`` lines give wps and num_updates; ``valid | epoch
-    ... | valid on 'valid' subset | loss X | ... | num_updates N`` lines the
-    validation loss at update N, and with ``--eval-bleu`` its valid BLEU (a later
-    line for the same update wins);
-    ``done training in X seconds`` the training time of each invocation; train.sh's header
-    line and provenance line (:func:`fairseq_rope.experiments.training.record_run`) what
-    each invocation trained with (the device alone, from ``--cpu``, for headers older than
-    provenance lines).
-    """
-    log = TrainLog()
-    for line in lines:
-        if line.startswith(training.PROVENANCE_PREFIX) and log.invocations:
-            log.invocations[-1].update(json.loads(line[len(training.PROVENANCE_PREFIX):]))
-            continue
-        if line.startswith(training.HEADER_PREFIX):
-            command = line.partition(f": {training.PROGRAM} ")[2].split()
-            log.invocations.append({"train_device": "cpu"} if "--cpu" in command else {})
-            continue
-        done = DONE_TRAINING.search(line)
-        if done is not None:
-            log.training_seconds.append(float(done.group(1)))
-        m = LOG_RECORD.search(line.rstrip("\n"))
-        if m is None:
-            continue
-        fields = dict(part.split(" ", 1) for part in m.group(2).split(" | ") if " " in part)
-        if "num_updates" not in fields:
-            continue
-        updates = int(fields["num_updates"])
-        log.num_updates = max(updates, log.num_updates or 0)
-        if m.group(1) == "train":
-            if "wps" in fields:
-                log.epoch_wps[updates] = float(fields["wps"])
-        elif fields.get("valid") in (None, "on 'valid' subset") and "loss" in fields:
-            log.valid_loss[updates] = float(fields["loss"])
-            if "bleu" in fields:
-                log.valid_bleu[updates] = float(fields["bleu"])
-    return log
 
 
 def count_parameters(model_state: Mapping[str, Any]) -> int:
@@ -305,21 +245,6 @@ def longest_training_pair(data_bin: Path) -> Dict[str, int]:
         longest[side] = int(dataset.sizes.max())
         del dataset
     return longest
-
-
-def logged_provenance(log: TrainLog) -> Dict[str, Any]:
-    """What the run's training invocations trained with (PROVENANCE_KEYS): per key, the value of
-    every invocation that recorded it, or their distinct values joined by " + " where they
-    differ (a run resumed on other hardware or code), None where none did; and how many of its
-    invocations recorded all of them, of how many."""
-    merged: Dict[str, Any] = {}
-    for key in PROVENANCE_KEYS:
-        distinct = list(dict.fromkeys(i[key] for i in log.invocations if i.get(key) is not None))
-        merged[key] = None if not distinct else distinct[0] if len(distinct) == 1 else " + ".join(map(str, distinct))
-    merged["train_invocations"] = len(log.invocations)
-    merged["train_invocations_recorded"] = sum(
-        all(i.get(key) is not None for key in PROVENANCE_KEYS) for i in log.invocations)
-    return merged
 
 
 def summarize_run(

@@ -206,7 +206,7 @@ def render(report: Dict[str, Any], command: str) -> str:
     sizes = [str(row["sentences"]) for row in plain[0]]
     rows = {**{f"rope, {name}": runs for name, runs in report["variants"].items()},
             **{f"{name} (no scaling)": runs for name, runs in report["baselines"].items()}}
-    out = [f"# RoPE scaling on the length study", "",
+    out = ["# RoPE scaling on the length study", "",
            f"Written by `{command}` on {datetime.date.today().isoformat()}. Every rope row decodes the "
            f"same {len(plain)} trained RoPE model(s) (their averaged checkpoints) with the scaling "
            "given to fairseq-generate by `--model-overrides`; beam 4, length penalty 0.6. Original "

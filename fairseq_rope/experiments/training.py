@@ -45,15 +45,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, report_error, split_passthrough
 from fairseq_rope.experiments.config import DEFAULT_CONFIG_DIR, ConfigError, load_experiment, training_argv
+from fairseq_rope.experiments.convergence import Convergence, Rule, converged_at
+from fairseq_rope.experiments.train_log import (
+    HEADER_PREFIX,
+    LOG_FILE,
+    PROGRAM,
+    PROVENANCE_KEYS,
+    PROVENANCE_PREFIX,
+    SAVED_CHECKPOINT,
+    TrainLog,
+    parse_train_log,
+    read_train_log,
+)
 
-PROGRAM = "fairseq-train"
 COMMAND_FILE = "command.txt"
-LOG_FILE = "train.log"
-# train.log's lines of each invocation, before fairseq's: "# DATE HOST in CWD: COMMAND",
-# then "# provenance {JSON}" (since 2026-11-25; PROVENANCE_KEYS, as in a run's run.json).
-HEADER_PREFIX = "# "
-PROVENANCE_PREFIX = "# provenance "
-PROVENANCE_KEYS = ("train_threads", "train_cpu", "code_commit", "train_device")
 # Options that may differ between the runs of one SAVE_DIR: when to stop, and
 # how often to validate, save and log. None of them changes the model, the
 # data or the update rule, so a run continued with other values is the same run.
@@ -269,9 +274,9 @@ def parse_command_line(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[st
     return parser.parse_args(own), extra
 
 
-def check_and_record(args: argparse.Namespace, extra: Sequence[str]) -> List[str]:
-    """Check everything that can be checked before fairseq starts, then record the run in
-    SAVE_DIR; returns the fairseq-train arguments. Nothing is written if a check fails."""
+def check_run(args: argparse.Namespace, extra: Sequence[str]) -> List[str]:
+    """Check everything that can be checked before fairseq starts; returns the fairseq-train
+    arguments. Nothing is written if a check fails (SAVE_DIR is created if they all pass)."""
     if "--force" in extra:  # fairseq-train would reject it, after the checks said "different run"
         raise TrainingError("--force goes before CONFIG: train.sh --force CONFIG DATA_BIN SAVE_DIR ...")
     cwd = os.getcwd()
@@ -280,12 +285,48 @@ def check_and_record(args: argparse.Namespace, extra: Sequence[str]) -> List[str
     check_options(train_argv)
     check_save_dir(Path(args.save_dir), train_argv, cwd, args.force)
     Path(args.save_dir).mkdir(parents=True, exist_ok=True)
-    record_run(Path(args.save_dir), train_argv, cwd)
     return train_argv
 
 
-def run_logged(command: Sequence[str], log: Path) -> int:
-    """Run ``command``, showing its output and appending it to ``log`` (like ``| tee -a``)."""
+class StopAtConvergence:
+    """Where a run's convergence rule (``--patience``, :mod:`~fairseq_rope.experiments.convergence`)
+    stops it, over the validations of all its invocations.
+
+    fairseq applies ``--patience`` from its own start only, so a resumed run would train past the
+    point where the rule stops it, and could delete checkpoints the averaging up to that point
+    needs. train.sh therefore stops fairseq-train itself once the rule is met and the checkpoint
+    of that validation is saved, and does not start it for a run the rule has already stopped.
+    """
+
+    def __init__(self, argv: Sequence[str], earlier: TrainLog):
+        self.rule = Rule.from_argv(argv)
+        self.curve = dict(earlier.valid_bleu)
+
+    @classmethod
+    def of_run(cls, save_dir: Path, argv: Sequence[str]) -> "StopAtConvergence":
+        log = save_dir / LOG_FILE
+        return cls(argv, read_train_log(save_dir) if log.is_file() else TrainLog())
+
+    def converged(self) -> Optional[Convergence]:
+        return converged_at(self.curve, self.rule) if self.rule.patience > 0 else None
+
+    def after(self, line: str) -> Optional[Convergence]:
+        """The convergence to stop at, once fairseq's next ``line`` says its checkpoint is saved."""
+        self.curve.update(parse_train_log([line]).valid_bleu)
+        saved = SAVED_CHECKPOINT.search(line)
+        converged = self.converged() if saved is not None else None
+        return converged if converged is not None and int(saved.group(1)) >= converged.update else None
+
+
+def describe(converged: Convergence, rule: Rule) -> str:
+    return (f"converged at update {converged.update} by its rule (--patience {rule.patience}, "
+            f"--max-update {rule.max_update}: {converged.reason}; best valid BLEU "
+            f"{converged.best_bleu:.2f} at {converged.best_update})")
+
+
+def run_logged(command: Sequence[str], log: Path, stop: Optional[StopAtConvergence] = None) -> int:
+    """Run ``command``, showing its output and appending it to ``log`` (like ``| tee -a``);
+    ``stop``: end it (status 0) where the run's convergence rule stops it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # progress as it happens, despite the pipe
     with open(log, "ab") as f, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                 env=env) as process:
@@ -294,6 +335,14 @@ def run_logged(command: Sequence[str], log: Path) -> int:
             sys.stdout.buffer.flush()
             f.write(line)
             f.flush()
+            converged = stop.after(line.decode("utf-8", "replace")) if stop is not None else None
+            if converged is not None:
+                message = f"train.sh stopped {PROGRAM}: {describe(converged, stop.rule)}\n"
+                sys.stdout.write(message)
+                f.write(message.encode())
+                process.terminate()
+                process.wait()
+                return 0
     return process.returncode
 
 
@@ -302,10 +351,12 @@ def checked(argv: Sequence[str]) -> Tuple[argparse.Namespace, Optional[List[str]
     (the error shown) when a check failed."""
     args, extra = parse_command_line(argv)
     try:
-        return args, check_and_record(args, extra)
+        train_argv = check_run(args, extra)
     except (ConfigError, TrainingError) as e:
         report_error(e)
         return args, None
+    record_run(Path(args.save_dir), train_argv, os.getcwd())
+    return args, train_argv
 
 
 def check(argv: Sequence[str]) -> int:
@@ -325,11 +376,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``LAUNCHER="torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ..."``
     (torchrun takes the script's path, not a command name; see docs/distributed.md).
     """
-    args, train_argv = checked(sys.argv[1:] if argv is None else argv)
-    if train_argv is None:
+    args, extra = parse_command_line(sys.argv[1:] if argv is None else argv)
+    try:
+        train_argv = check_run(args, extra)
+    except (ConfigError, TrainingError) as e:
+        report_error(e)
         return 2
+    save_dir = Path(args.save_dir)
+    stop = StopAtConvergence.of_run(save_dir, train_argv)
+    converged = stop.converged()
+    if converged is not None:
+        print(f"{save_dir}: {describe(converged, stop.rule)}; nothing to train", file=sys.stderr)
+        return 0
+    record_run(save_dir, train_argv, os.getcwd())
     launcher = shlex.split(os.environ.get("LAUNCHER", ""))
-    return run_logged([*launcher, *base.fairseq_command(PROGRAM), *train_argv], Path(args.save_dir) / LOG_FILE)
+    return run_logged([*launcher, *base.fairseq_command(PROGRAM), *train_argv], save_dir / LOG_FILE, stop)
 
 
 if __name__ == "__main__":

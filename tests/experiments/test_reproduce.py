@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 import pytest
 import torch
 
-from fairseq_rope.experiments import collect, reproduce, training
+from fairseq_rope.experiments import collect, reproduce, train_log, training
 from fairseq_rope.evaluation.averaging import average_checkpoints
 from fairseq_rope.experiments.config import load_experiment
 from fairseq_rope.experiments.device import CPU
@@ -190,14 +190,14 @@ def test_what_a_run_trained_with_is_read_from_its_log_per_invocation():
     """Threads, CPU, commit and device of every train.sh invocation of a run resumed across
     sessions: one value where they agree, all where they differ; the device alone (--cpu) for an
     invocation logged before provenance lines."""
-    log = reproduce.parse_train_log(RESUMED_LOG.splitlines())
+    log = train_log.parse_train_log(RESUMED_LOG.splitlines())
     assert len(log.invocations) == 3 and log.invocations[0] == {"train_device": "cpu"}
-    assert reproduce.logged_provenance(log) == {
+    assert train_log.logged_provenance(log) == {
         "train_threads": 2, "train_cpu": "Xeon", "code_commit": "a + b", "train_device": "cpu",
         "train_invocations": 3, "train_invocations_recorded": 2}
-    gpu = reproduce.parse_train_log(["# 2026-01-01T00:00:00 host in /repo: fairseq-train data-bin --arch a"])
-    assert reproduce.logged_provenance(gpu)["train_device"] is None  # not --cpu: which GPU is unknown
-    assert collect._trained_with(reproduce.logged_provenance(log)) == (
+    gpu = train_log.parse_train_log(["# 2026-01-01T00:00:00 host in /repo: fairseq-train data-bin --arch a"])
+    assert train_log.logged_provenance(gpu)["train_device"] is None  # not --cpu: which GPU is unknown
+    assert collect._trained_with(train_log.logged_provenance(log)) == (
         "on cpu, 2 threads, Xeon, `a` + `b` (recorded by 2 of its 3 invocations)")
     assert collect._trained_with({"train_device": "cpu"}) == "on cpu; threads, CPU and commit not recorded"
 
@@ -207,7 +207,7 @@ def test_train_sh_logs_what_each_invocation_trains_with(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for _ in range(2):
         training.record_run(tmp_path, ["data-bin", "--arch", "a", "--cpu"], "/repo")
-    invocations = reproduce.read_train_log(tmp_path).invocations
+    invocations = train_log.read_train_log(tmp_path).invocations
     assert len(invocations) == 2 and invocations[0] == invocations[1]
     assert invocations[0]["train_threads"] == 3 and invocations[0]["train_device"] == "cpu"
     assert invocations[0]["code_commit"] and invocations[0]["train_cpu"]  # a git checkout, a CPU
@@ -254,7 +254,7 @@ TRAIN_LOG = """\
 
 
 def test_parse_train_log():
-    log = reproduce.parse_train_log(TRAIN_LOG.splitlines())
+    log = train_log.parse_train_log(TRAIN_LOG.splitlines())
     assert log.epoch_wps == {75: 20000.0, 150: 30000.0}  # epoch summaries only, not train_inner
     assert log.training_seconds == [24.1] and log.num_updates == 150  # the interrupted first run: none
     assert log.valid_loss == {60: 8.5, 120: 7.0}  # the resumed run's value wins
@@ -617,10 +617,10 @@ CONVERGED_LOG = """\
 
 
 def test_parse_train_log_reads_valid_bleu():
-    log = reproduce.parse_train_log(CONVERGED_LOG.splitlines())
+    log = train_log.parse_train_log(CONVERGED_LOG.splitlines())
     assert log.valid_bleu == {199: 4.64, 398: 13.89, 597: 13.5, 796: 13.89}
     assert log.valid_loss[199] == 8.154 and log.num_updates == 796
-    assert reproduce.parse_train_log(TRAIN_LOG.splitlines()).valid_bleu == {}  # no --eval-bleu
+    assert train_log.parse_train_log(TRAIN_LOG.splitlines()).valid_bleu == {}  # no --eval-bleu
 
 
 def test_a_converged_run_is_not_trained_again(tmp_path, monkeypatch):
