@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from fairseq_rope import base
-from fairseq_rope.experiments import collect
+from fairseq_rope.experiments import collect, training
 from fairseq_rope.experiments.train_log import (
     PROVENANCE_KEYS,
     TrainLog,
@@ -148,11 +148,10 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
             print(f"{save_dir}: already trained ({done} updates, --max-update {rule.max_update})",
                   file=sys.stderr)
             return None
-        converged = converged_at(log.valid_bleu, rule) if rule.patience > 0 else None
+        stop = training.StopAtConvergence(train_argv(config, extra), log)  # what train.sh would say
+        converged = stop.converged()
         if converged is not None:
-            print(f"{save_dir}: already converged at update {converged.update} (--patience "
-                  f"{rule.patience}: best valid BLEU {converged.best_bleu:.2f} at {converged.best_update})",
-                  file=sys.stderr)
+            print(f"{save_dir}: already {training.describe(converged, stop.rule)}", file=sys.stderr)
             return None
     start = time.monotonic()
     run_step([*entry_point("experiments.training"), config, data_bin, save_dir, "--seed", str(seed), *extra],
