@@ -302,15 +302,17 @@ def test_the_rule_counts_the_validations_of_earlier_invocations_and_waits_for_th
     --patience 4 the rule stops the run at its 2nd validation after resuming (fairseq, counting
     from its own start, would go on for 3 more), once that checkpoint is saved."""
     earlier = parse_train_log(RESUMED_VALIDATIONS.splitlines())
-    stop = training.StopAtConvergence(["--patience", "4", "--max-update", "7960"], earlier)
+    on_bleu = ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+    stop = training.StopAtConvergence([*on_bleu, "--patience", "4", "--max-update", "7960"], earlier)
     assert stop.converged() is None
     first, second = fairseq_lines(4975, 39.83), fairseq_lines(5174, 39.82)
     assert [stop.after(line) for line in first] == [None, None]
     assert stop.after(second[0]) is None  # the rule is met, but the checkpoint is not saved yet
     converged = stop.after(second[1])
     assert (converged.update, converged.reason, converged.best_update) == (5174, "patience", 4378)
-    never = training.StopAtConvergence(["--max-update", "7960"], earlier)  # no --patience: fairseq's own stop
-    assert all(never.after(line) is None for line in first + second) and never.converged() is None
+    for never in (training.StopAtConvergence([*on_bleu, "--max-update", "7960"], earlier),  # no --patience
+                  training.StopAtConvergence(["--patience", "4"], earlier)):  # patience on valid loss
+        assert all(never.after(line) is None for line in first + second) and never.converged() is None
 
 
 # A stand-in for fairseq-train: logs two validations and their saves, then waits to be stopped
@@ -327,7 +329,8 @@ signal.pause()
 def test_train_sh_stops_fairseq_train_at_the_rule_and_logs_why(tmp_path, capsys):
     log = tmp_path / "train.log"
     log.write_text(RESUMED_VALIDATIONS)
-    stop = training.StopAtConvergence.of_run(tmp_path, ["--patience", "4"])
+    stop = training.StopAtConvergence.of_run(
+        tmp_path, ["--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric", "--patience", "4"])
     lines = "".join(fairseq_lines(4975, 39.83) + fairseq_lines(5174, 39.82))
     assert training.run_logged([sys.executable, "-c", FAKE_FAIRSEQ, lines], log, stop) == 0
     text = log.read_text()
@@ -343,6 +346,7 @@ def test_train_sh_does_not_start_a_run_its_rule_has_stopped(toy_data_bin, in_tmp
     save.mkdir()
     (save / "train.log").write_text(RESUMED_VALIDATIONS + "".join(fairseq_lines(4975, 39.83)))
     before = snapshot(save)
-    assert training.main([CONFIG, str(toy_data_bin), str(save), "--patience", "3", "--max-update", "7960"]) == 0
+    assert training.main([CONFIG, str(toy_data_bin), str(save), "--patience", "3", "--max-update", "7960",
+                          "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]) == 0
     assert snapshot(save) == before  # nothing trained, nothing logged
     assert "converged at update 4975 by its rule (--patience 3" in capsys.readouterr().err

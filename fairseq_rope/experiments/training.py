@@ -301,6 +301,11 @@ class StopAtConvergence:
     def __init__(self, argv: Sequence[str], earlier: TrainLog):
         self.rule = Rule.from_argv(argv)
         self.curve = dict(earlier.valid_bleu)
+        # The rule judges valid BLEU, higher is better: fairseq's patience on any other metric
+        # (valid loss by default) is left to fairseq.
+        _, options = parse_command(argv)
+        self.on_bleu = options.get("best-checkpoint-metric", ())[-1:] == ("bleu",) and \
+            "maximize-best-checkpoint-metric" in options
 
     @classmethod
     def of_run(cls, save_dir: Path, argv: Sequence[str]) -> "StopAtConvergence":
@@ -308,7 +313,7 @@ class StopAtConvergence:
         return cls(argv, read_train_log(save_dir) if log.is_file() else TrainLog())
 
     def converged(self) -> Optional[Convergence]:
-        return converged_at(self.curve, self.rule) if self.rule.patience > 0 else None
+        return converged_at(self.curve, self.rule) if self.rule.patience > 0 and self.on_bleu else None
 
     def after(self, line: str) -> Optional[Convergence]:
         """The convergence to stop at, once fairseq's next ``line`` says its checkpoint is saved."""
