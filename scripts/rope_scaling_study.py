@@ -3,14 +3,15 @@
 fairseq_rope/experiments/scaling_study.py).
 
     scripts/rope_scaling_study.py work/multi30k-length/rope/seed1 work/multi30k-length/rope/seed2 \
-        --baselines work/multi30k-length/sinusoidal/seed1 work/multi30k-length/sinusoidal/seed2 \
-        --out docs/results/rope_scaling_multi30k-length
+        --baselines work/multi30k-length/alibi/seed1 work/multi30k-length/alibi/seed2
 
 Decodes each run's averaged checkpoint once per scaling (plain; dynamic-linear, dynamic-ntk
 and dynamic-yarn, each at its sentence's source-length scale; linear/ntk/yarn at each
 --factors value) and writes NAME.json and NAME.md: BLEU, length
 ratio and runaways per source-length bucket, and paired bootstrap against plain RoPE past
-the training length. A rerun decodes only what is missing.
+the training length, into docs/results/rope_scaling_SCALE (--out to change it), which
+`scripts/reproduce_table.sh collect --scale SCALE` shows in SCALE.md. A rerun decodes only
+what is missing.
 """
 
 import sys

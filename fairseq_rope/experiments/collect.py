@@ -8,8 +8,9 @@ file atomically, into ``docs/results/``:
   seed's value) of BLEU in both conventions, parameters, training tokens/s and
   wall time, beside the paper's numbers; rows without a finished run say
   "not run". Then a line per run, the length-extrapolation table (``demo-length``;
-  ``multi30k-length`` also against the same rows trained on all lengths) and the
-  commands that produced the runs;
+  ``multi30k-length`` also against the same rows trained on all lengths, and the
+  RoPE scaling study of its rope runs where ``scripts/rope_scaling_study.py`` has
+  written one) and the commands that produced the runs;
 * ``<scale>_valid_loss.png``: validation loss against updates, every run;
 * ``<scale>_bleu.png``: BLEU per row, error bars over seeds;
 * ``<scale>_bleu_by_length.png`` (``demo-length``): BLEU per source-length bucket;
@@ -24,6 +25,7 @@ file atomically, into ``docs/results/``:
 from __future__ import annotations
 
 import datetime
+import json
 import shlex
 import statistics
 from pathlib import Path
@@ -36,6 +38,7 @@ from fairseq_rope.base import portable, read_lines
 from fairseq_rope.evaluation.report import finish, markdown_table, new_axes, pyplot
 from fairseq_rope.evaluation.scoring import RUNAWAY_RATIO
 from fairseq_rope.evaluation.significance import N_SAMPLES, paired_bootstrap
+from fairseq_rope.experiments import scaling_study
 from fairseq_rope.experiments.convergence import updates_to_reach
 from fairseq_rope.experiments.table import (
     RECORDS,
@@ -477,8 +480,9 @@ def _shown_path(path: Any) -> str:
 
 
 def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path],
-                    records: Path) -> str:
-    """The table of a scale from its runs (``records``: ``RESULTS/runs/<scale>``)."""
+                    records: Path, scaling: Optional[Path] = None) -> str:
+    """The table of a scale from its runs (``records``: ``RESULTS/runs/<scale>``) and, for a
+    length study, its RoPE scaling study (``scaling``: the study's JSON report), if made."""
     n = sum(len(rs) for rs in runs.values())
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
     runs_from = _shown_path(scale_dir(work_dir, scale))
@@ -522,8 +526,22 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         if full is not None:
             out += ["## Against the same rows trained on all lengths", ""]
             out += length_against_full_data(scale, runs, full, recorded_runs(records.parent, full)) + [""]
+    if scaling is not None:
+        out += ["## RoPE scaling at decoding time", ""] + scaling_section(scaling) + [""]
     out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(runs)
     return "\n".join(out) + "\n"
+
+
+def scaling_section(path: Path) -> List[str]:
+    """The RoPE scaling study of this length study's rope runs (``scripts/rope_scaling_study.py``),
+    as its report says; written by that script, not by ``collect``, which only shows it."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    return ([f"The rope runs of this study decoded again with each `--rope-scaling` (their checkpoints "
+             f"unchanged, the scaling given by `--model-overrides`), written by `{report['command']}` "
+             f"into [{path.with_suffix('.md').name}]({path.with_suffix('.md').name}); rows without "
+             "scaling are other rows' own decodings. Means over the studied runs; † past the "
+             "training length.", ""]
+            + scaling_study.tables(report, "###"))
 
 
 # --- Convergence
@@ -709,5 +727,7 @@ def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
         plots["valid_bleu"] = out_dir / f"{scale.name}_valid_bleu.png"
         plot_valid_bleu(scale, runs, plots["valid_bleu"])
     table = out_dir / f"{scale.name}.md"
-    base.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name))
+    scaling = scaling_study.report_path(scale.name, out_dir).with_suffix(".json")
+    base.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name,
+                                           scaling if scale.is_length_study and scaling.is_file() else None))
     return [table, *plots.values()]

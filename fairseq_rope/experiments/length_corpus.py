@@ -10,6 +10,9 @@ source words and a test set with the same number of sentences in each length
 bucket up to ``3L``; test sentences never occur in training. Trained on short
 sentences only, a model's BLEU on the longer buckets measures how its position
 encoding extrapolates.
+
+:func:`longest_training_pair` reads back, from a binarized corpus, the longest
+position its training pairs reach: where "past the training length" begins.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from fairseq_rope import base
 from fairseq_rope.base import PathLike, read_lines
 from fairseq_rope.data.demo_corpus import Pair, generate_pairs
 from fairseq_rope.data.prepare.pipeline import sha256_file
+from fairseq_rope.evaluation.scoring import infer_language_pair
 
 CORPUS_SETTINGS = "corpus.json"  # written last: its presence marks a complete corpus
 
@@ -111,3 +115,18 @@ def write_short_pairs(raw_dir: PathLike, out_dir: PathLike, max_words: int) -> P
 
 def _without(mapping: Dict[str, Any], key: str) -> Dict[str, Any]:
     return {k: v for k, v in mapping.items() if k != key}
+
+
+def longest_training_pair(data_bin: Path) -> Dict[str, int]:
+    """Longest source and target of the binarized training set, in tokens (with EOS)."""
+    from fairseq.data import data_utils
+
+    src, tgt = infer_language_pair(data_bin, "train")
+    longest = {}
+    for side, lang in (("source", src), ("target", tgt)):
+        # Keep the dataset alive while reading: its sizes are a view of its mmap,
+        # which it unmaps when garbage-collected (a segfault, not an exception).
+        dataset = data_utils.load_indexed_dataset(str(data_bin / f"train.{src}-{tgt}.{lang}"))
+        longest[side] = int(dataset.sizes.max())
+        del dataset
+    return longest

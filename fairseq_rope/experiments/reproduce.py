@@ -49,10 +49,9 @@ from fairseq_rope.experiments.config import load_experiment, resolve_config
 from fairseq_rope.experiments.convergence import Rule, converged_at
 from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
 from fairseq_rope.evaluation.bleu_by_length import length_report
-from fairseq_rope.experiments.length_corpus import write_length_corpus, write_short_pairs
+from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
 from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
 from fairseq_rope.data.prepare.pipeline import sha256_file
-from fairseq_rope.evaluation.scoring import infer_language_pair
 from fairseq_rope.experiments.table import (
     BUDGET_EVAL_DIR,
     DEFAULT_RESULTS_DIR,
@@ -229,21 +228,6 @@ def option_value(argv: Sequence[str], option: str) -> Optional[str]:
     """The value of the last ``option VALUE`` in ``argv`` (argparse: the last one wins)."""
     values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == option]
     return values[-1] if values else None
-
-
-def longest_training_pair(data_bin: Path) -> Dict[str, int]:
-    """Longest source and target of the binarized training set, in tokens (with EOS)."""
-    from fairseq.data import data_utils
-
-    src, tgt = infer_language_pair(data_bin, "train")
-    longest = {}
-    for side, lang in (("source", src), ("target", tgt)):
-        # Keep the dataset alive while reading: its sizes are a view of its mmap,
-        # which it unmaps when garbage-collected (a segfault, not an exception).
-        dataset = data_utils.load_indexed_dataset(str(data_bin / f"train.{src}-{tgt}.{lang}"))
-        longest[side] = int(dataset.sizes.max())
-        del dataset
-    return longest
 
 
 def summarize_run(

@@ -1,7 +1,7 @@
 """Inference-time RoPE scaling on the length study (issue 28): every scaling decoded on
 the same trained RoPE models, per source-length bucket against plain RoPE.
 
-``scripts/rope_scaling_study.py RUN_DIR [RUN_DIR ...] --out docs/results/rope_scaling_multi30k-length
+``scripts/rope_scaling_study.py RUN_DIR [RUN_DIR ...] [--out docs/results/rope_scaling_multi30k-length]
 [--factors 1.5,2,3] [--baselines RUN_DIR ...]``
 
 Each RUN_DIR is an evaluated ``rope`` run of a length study (``multi30k-length``): its
@@ -18,6 +18,11 @@ longer than 1.5x their reference, and, for buckets past the training length with
 sentences, sacrebleu's paired bootstrap of the variant against plain RoPE on the runs'
 test sets pooled. ``--baselines`` adds other evaluated runs of the same study (sinusoidal,
 alibi) as rows, from their own decoding, without scaling.
+
+The report goes to ``--out`` (``.json`` and ``.md``), by default
+``docs/results/rope_scaling_<scale>`` (:func:`report_path`), where
+``reproduce_table.sh collect --scale <scale>`` finds it and shows its tables in
+``<scale>.md``.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ from fairseq_rope.evaluation.scoring import (
     runaways,
 )
 from fairseq_rope.evaluation.significance import paired_bootstrap
-from fairseq_rope.experiments.reproduce import longest_training_pair
-from fairseq_rope.experiments.table import MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
+from fairseq_rope.experiments.length_corpus import longest_training_pair
+from fairseq_rope.experiments.table import DEFAULT_RESULTS_DIR, MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
 
 #: Scalings whose factor the rule derives from lengths (no sweep): each method at the
 #: scale of the sentence's source length (--rope-scaling dynamic-*, issue 28's source rule);
@@ -199,13 +204,15 @@ def _cells(per_run: Sequence[List[Dict[str, Any]]], key: str, fmt: str) -> List[
     return cells
 
 
+def report_path(scale: str, results_dir: Path = DEFAULT_RESULTS_DIR) -> Path:
+    """The study of a length scale's runs, without suffix (``.json``, ``.md``): the default
+    ``--out``, and where ``collect`` finds the study to show it in ``<scale>.md``."""
+    return results_dir / f"rope_scaling_{scale}"
+
+
 def render(report: Dict[str, Any], command: str) -> str:
-    """The study as markdown: BLEU, length ratio and runaways per bucket, then the p-values."""
+    """The study as markdown: what was decoded, then :func:`tables`."""
     plain = report["variants"][PLAIN]
-    labels = [row["bucket"] + ("†" if row["low"] >= MULTI30K_MAX_TRAIN_WORDS else "") for row in plain[0]]
-    sizes = [str(row["sentences"]) for row in plain[0]]
-    rows = {**{f"rope, {name}": runs for name, runs in report["variants"].items()},
-            **{f"{name} (no scaling)": runs for name, runs in report["baselines"].items()}}
     out = ["# RoPE scaling on the length study", "",
            f"Written by `{command}` on {datetime.date.today().isoformat()}. Every rope row decodes the "
            f"same {len(plain)} trained RoPE model(s) (their averaged checkpoints) with the scaling "
@@ -214,13 +221,25 @@ def render(report: Dict[str, Any], command: str) -> str:
            f"{', '.join(map(str, sorted(set(report['original_length'].values()))))}. Buckets: "
            f"{report['length_unit']}; † past the training length ({MULTI30K_MAX_TRAIN_WORDS} words). "
            "Means over the runs.", ""]
+    return "\n".join(out + tables(report, "##"))
+
+
+def tables(report: Dict[str, Any], heading: str) -> List[str]:
+    """BLEU, length ratio and runaways per bucket, one line per decoding, then the paired tests
+    against plain RoPE; each under a ``heading`` (markdown, e.g. ``##``)."""
+    plain = report["variants"][PLAIN]
+    labels = [row["bucket"] + ("†" if row["low"] >= MULTI30K_MAX_TRAIN_WORDS else "") for row in plain[0]]
+    sizes = [str(row["sentences"]) for row in plain[0]]
+    rows = {**{f"rope, {name}": runs for name, runs in report["variants"].items()},
+            **{f"{name} (no scaling)": runs for name, runs in report["baselines"].items()}}
     header = ["decoding", *(f"{label} (n={n})" for label, n in zip(labels, sizes))]
+    out: List[str] = []
     for title, key, fmt in (("BLEU (tokenized, compound-split)", "bleu", ".2f"),
                             ("Hypothesis / reference length", "length_ratio", ".3f"),
                             ("Hypotheses longer than 1.5x their reference (per run)", "runaways", ".1f")):
-        out += [f"## {title}", ""]
+        out += [f"{heading} {title}", ""]
         out += markdown_table(header, [[name, *_cells(runs, key, fmt)] for name, runs in rows.items()]) + [""]
-    out += ["## Against plain RoPE past the training length", "",
+    out += [f"{heading} Against plain RoPE past the training length", "",
             "sacrebleu's paired bootstrap (sacreBLEU on detokenized hypotheses and raw references), "
             f"the runs' sentences of each bucket pooled; buckets with fewer than {MIN_BOOTSTRAP_SENTENCES} "
             "pooled sentences are not tested.", ""]
@@ -229,25 +248,28 @@ def render(report: Dict[str, Any], command: str) -> str:
                       if (t := tests.get(label)) else "—" for label in tested)]
              for name, tests in report["significance"].items()]
     out += (markdown_table(["decoding", *tested], lines) if lines else ["No bucket to test."]) + [""]
-    return "\n".join(out)
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/rope_scaling_study.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="evaluated rope runs of a length study (SAVE_DIR)")
-    parser.add_argument("--out", type=Path, required=True, help="output path without suffix (.json, .md)")
+    parser.add_argument("--out", type=Path,
+                        help="output path without suffix (.json, .md); default: docs/results/rope_scaling_SCALE, "
+                        "SCALE the runs' (WORK_DIR/SCALE/rope/seedN), which `collect --scale SCALE` shows")
     parser.add_argument("--factors", default=",".join(f"{f:g}" for f in DEFAULT_FACTORS),
                         help="factors S swept for linear, ntk and yarn (default: %(default)s)")
     parser.add_argument("--baselines", nargs="*", type=Path, default=[],
                         help="other evaluated runs of the study shown without scaling (ROW/seedN)")
     args = parser.parse_args(argv)
+    out = args.out or report_path(args.runs[0].resolve().parent.parent.name)
     command = command_line("scripts/rope_scaling_study.py", argv)
     try:
         factors = [float(f) for f in args.factors.split(",")]
         report = study(args.runs, factors, args.baselines)
     except (FairseqRopeError, OSError, ValueError) as e:
         return report_error(e)
-    base.write_json(args.out.with_suffix(".json"), {"command": command, **report})
-    base.write_text(args.out.with_suffix(".md"), render(report, command))
-    print(f"wrote {args.out.with_suffix('.md')}", file=sys.stderr)
+    base.write_json(out.with_suffix(".json"), {"command": command, **report})
+    base.write_text(out.with_suffix(".md"), render(report, command))
+    print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
     return 0

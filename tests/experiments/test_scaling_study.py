@@ -116,3 +116,33 @@ def test_variants_reach_fairseq_generate_as_model_overrides(tmp_path, monkeypatc
     ]
     run.decode(Variant("yarn", 2.0), 31)  # decoded already: not again
     assert len(calls) == 3
+
+
+def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
+    """main() writes the report where collect looks for it by default (docs/results/rope_scaling_SCALE),
+    and the length study's table shows it; the full-data scale's does not."""
+    from fairseq_rope.experiments import collect
+    from fairseq_rope.experiments.table import SCALES
+
+    runs, sinusoidal, *_ = fake_runs(tmp_path)
+    results = tmp_path / "results"
+    monkeypatch.setattr(scaling_study, "original_length", lambda data_bin: 20)
+    monkeypatch.setattr(scaling_study, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decoded")))
+    default_path = scaling_study.report_path
+    monkeypatch.setattr(scaling_study, "report_path", lambda scale, results_dir=results: default_path(scale, results_dir))
+    assert scaling_study.main([*map(str, runs), "--factors", "2", "--baselines", str(sinusoidal)]) == 0
+    assert (results / "rope_scaling_multi30k-length.md").is_file()
+
+    collect.collect(SCALES["multi30k-length"], tmp_path / "work", results)
+    md = (results / "multi30k-length.md").read_text()
+    section = md.split("## RoPE scaling at decoding time")[1].split("\n## ")[0]
+    assert "[rope_scaling_multi30k-length.md](rope_scaling_multi30k-length.md)" in section
+    assert "`scripts/rope_scaling_study.py " in section
+    bleu = section.split("### BLEU (tokenized, compound-split)")[1].split("### ")[0]
+    assert "| decoding | 1-8 (n=20) | 9-12 (n=0) | 13-16† (n=60) |" in bleu
+    assert "| rope, linear-2 | 100.00 | — | 100.00 |" in bleu  # both runs decode it perfectly
+    assert "| sinusoidal (no scaling) |" in bleu
+    assert "(p " in section.split("### Against plain RoPE past the training length")[1]
+
+    collect.collect(SCALES["multi30k"], tmp_path / "work", results)
+    assert "RoPE scaling" not in (results / "multi30k.md").read_text()
