@@ -16,8 +16,9 @@ Per variant and bucket (:data:`~fairseq_rope.experiments.table.MULTI30K_EDGES`, 
 words): tokenized BLEU and hypothesis/reference length (means over the runs), hypotheses
 longer than 1.5x their reference, and, for buckets past the training length with enough
 sentences, sacrebleu's paired bootstrap of the variant against plain RoPE on the runs'
-test sets pooled. ``--baselines`` adds other evaluated runs of the same study (sinusoidal,
-alibi) as rows, from their own decoding, without scaling.
+test sets pooled. ``--baselines`` adds other runs of the same study (sinusoidal, alibi) as
+rows, without scaling: evaluated runs from their own decoding, or committed records
+(``docs/results/runs/<scale>/<row>/seedN``) from the BLEU by length they keep (:func:`baseline`).
 
 The report goes to ``--out`` (``.json`` and ``.md``), by default
 ``docs/results/rope_scaling_<scale>`` (:func:`report_path`), where
@@ -155,12 +156,32 @@ def study(run_dirs: Sequence[Path], factors: Sequence[float] = DEFAULT_FACTORS,
     for name, per_run in decoded.items():
         report["variants"][name] = [measure(t, sources) for t in per_run]
     for run_dir in baselines:
-        row = run_dir.parent.name  # WORK/SCALE/ROW/seedN
-        translations = read_generate_output(run_dir / "eval" / "generate-test.txt")
-        report["baselines"].setdefault(row, []).append(measure(translations, sources))
+        row = run_dir.parent.name  # WORK/SCALE/ROW/seedN or docs/results/runs/SCALE/ROW/seedN
+        report["baselines"].setdefault(row, []).append(baseline(run_dir, sources))
     report["significance"] = significance(decoded, sources, read_lines(runs[0].raw_reference),
                                           runs[0].target_lang)
     return report
+
+
+def baseline(run_dir: Path, sources: Sequence[str]) -> List[Dict[str, Any]]:
+    """The buckets of a row shown without scaling: an evaluated run's own decoding, measured as
+    the variants are; or, where only its record is left (``docs/results/runs/SCALE/ROW/seedN``,
+    written by ``collect``), the BLEU and length ratio per bucket that its ``run.json`` keeps,
+    without runaways per bucket, which the record does not keep."""
+    decoded = run_dir / "eval" / "generate-test.txt"
+    if decoded.is_file():
+        return measure(read_generate_output(decoded), sources)
+    record = run_dir / "run.json"
+    if not record.is_file():
+        raise FairseqRopeError(f"{run_dir} is neither an evaluated run (no {decoded}) nor a run's record (no {record})")
+    by_length = json.loads(record.read_text(encoding="utf-8")).get("bleu_by_length") or {}
+    if list(by_length.get("edges", [])) != list(MULTI30K_EDGES):
+        raise FairseqRopeError(f"{record} has no BLEU by length at the study's buckets (edges {list(MULTI30K_EDGES)})")
+    rows = [{**bucket, "runaways": None} for bucket in by_length["buckets"]]
+    if sum(row["sentences"] for row in rows) != len(sources):
+        raise FairseqRopeError(f"{record} was scored on another test set "
+                               f"({sum(row['sentences'] for row in rows)} sentences, not {len(sources)})")
+    return rows
 
 
 def significance(decoded: Dict[str, List[List[Translation]]], sources: Sequence[str],
@@ -239,6 +260,9 @@ def tables(report: Dict[str, Any], heading: str) -> List[str]:
                             ("Hypotheses longer than 1.5x their reference (per run)", "runaways", ".1f")):
         out += [f"{heading} {title}", ""]
         out += markdown_table(header, [[name, *_cells(runs, key, fmt)] for name, runs in rows.items()]) + [""]
+        if key == "runaways" and any(b[key] is None for runs in rows.values() for buckets in runs for b in buckets):
+            out += ["—: a row read from its run's committed record, which keeps BLEU and length per "
+                    "bucket but not runaways (the run's own table has its runaways over the whole test set).", ""]
     out += [f"{heading} Against plain RoPE past the training length", "",
             "sacrebleu's paired bootstrap (sacreBLEU on detokenized hypotheses and raw references), "
             f"the runs' sentences of each bucket pooled; buckets with fewer than {MIN_BOOTSTRAP_SENTENCES} "
@@ -260,7 +284,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--factors", default=",".join(f"{f:g}" for f in DEFAULT_FACTORS),
                         help="factors S swept for linear, ntk and yarn (default: %(default)s)")
     parser.add_argument("--baselines", nargs="*", type=Path, default=[],
-                        help="other evaluated runs of the study shown without scaling (ROW/seedN)")
+                        help="other runs of the study shown without scaling: evaluated runs (WORK_DIR/SCALE/ROW/seedN) "
+                        "or their records (docs/results/runs/SCALE/ROW/seedN)")
     args = parser.parse_args(argv)
     out = args.out or report_path(args.runs[0].resolve().parent.parent.name)
     command = command_line("scripts/rope_scaling_study.py", argv)

@@ -146,3 +146,44 @@ def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
 
     collect.collect(SCALES["multi30k"], tmp_path / "work", results)
     assert "RoPE scaling" not in (results / "multi30k.md").read_text()
+
+
+def test_a_baseline_can_be_a_committed_record(tmp_path, monkeypatch):
+    """A run whose work directory is gone is shown from its record (docs/results/runs/...):
+    the BLEU and length per bucket that reproduce recorded, and no runaways per bucket."""
+    import pytest
+
+    from fairseq_rope.base import FairseqRopeError
+    from fairseq_rope.evaluation.bleu_by_length import length_report
+    from fairseq_rope.experiments.table import MULTI30K_EDGES
+
+    runs, sinusoidal, *_ = fake_runs(tmp_path, seeds=1)
+    data = tmp_path / "data"
+    record = tmp_path / "docs" / "results" / "runs" / "multi30k-length" / "sinusoidal" / "seed2"
+    record.mkdir(parents=True)
+    by_length = length_report(sinusoidal / "eval" / "generate-test.txt", MULTI30K_EDGES, data / "raw" / "test.en")
+    (record / "run.json").write_text(json.dumps({"row": "sinusoidal", "bleu_by_length": by_length}))
+    monkeypatch.setattr(scaling_study, "original_length", lambda data_bin: 20)
+
+    evaluated = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])["baselines"]["sinusoidal"][0]
+    report = scaling_study.study(runs, factors=(2.0,), baselines=[record])
+    recorded = report["baselines"]["sinusoidal"][0]
+    assert [(b["bucket"], b["sentences"]) for b in recorded] == [(b["bucket"], b["sentences"]) for b in evaluated]
+    for got, want in zip(recorded, evaluated):
+        assert got["bleu"] == want["bleu"] and got["length_ratio"] == want["length_ratio"]
+        assert got["runaways"] is None and want["runaways"] == 0
+    md = scaling_study.render(report, "scripts/rope_scaling_study.py X")
+    runaways = md.split("## Hypotheses longer than 1.5x")[1].split("\n## ")[0]
+    assert "| sinusoidal (no scaling) | — | — | — |" in runaways and "committed record" in runaways
+
+    other = json.loads((record / "run.json").read_text())
+    other["bleu_by_length"]["buckets"][0]["sentences"] -= 1
+    (record / "run.json").write_text(json.dumps(other))
+    with pytest.raises(FairseqRopeError, match="another test set"):
+        scaling_study.study(runs, factors=(2.0,), baselines=[record])
+    other["bleu_by_length"]["edges"] = [10, 20]
+    (record / "run.json").write_text(json.dumps(other))
+    with pytest.raises(FairseqRopeError, match="buckets"):
+        scaling_study.study(runs, factors=(2.0,), baselines=[record])
+    with pytest.raises(FairseqRopeError, match="neither an evaluated run"):
+        scaling_study.study(runs, factors=(2.0,), baselines=[tmp_path / "missing" / "seed1"])
