@@ -6,6 +6,11 @@ sacrebleu's ``PairedTest`` with ``test_type="bs"`` is ``sacrebleu --paired-bs``
 (``SACREBLEU_SEED``, default 12345), p-value of the observed score difference
 under the null hypothesis that the systems are equally good. It runs on
 detokenized hypotheses and raw references, for sacreBLEU and chrF.
+
+One exception: a system whose hypotheses are the baseline's, word for word, gets p = 1.
+sacrebleu (after multeval) counts the resamples whose difference *exceeds* the observed
+one, so a system tested against itself would get its smallest p, 1/(n+1), as if
+significant; with nothing different there is nothing to test.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str],
                       {"BLEU": BLEU(), "chrF": CHRF()}, [list(references)],
                       test_type="bs", n_samples=n_samples)
     signatures, scores = test()
+    identical = list(system) == list(baseline)
     return {
         metric: {"baseline": results[0].score, "system": results[1].score,
-                 "p_value": results[1].p_value, "signature": str(signatures[metric])}
+                 "p_value": 1.0 if identical else results[1].p_value, "signature": str(signatures[metric])}
         for metric, results in scores.items() if metric != "System"
     }

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List
 
+import numpy as np
+
 from fairseq_rope import base
 from fairseq_rope.base import PathLike, read_lines
 from fairseq_rope.data.demo_corpus import Pair, generate_pairs
@@ -117,16 +119,22 @@ def _without(mapping: Dict[str, Any], key: str) -> Dict[str, Any]:
     return {k: v for k, v in mapping.items() if k != key}
 
 
-def longest_training_pair(data_bin: Path) -> Dict[str, int]:
-    """Longest source and target of the binarized training set, in tokens (with EOS)."""
+def training_lengths(data_bin: Path) -> Dict[str, np.ndarray]:
+    """Length of every training source and target of the binarized training set, in tokens
+    (with EOS), in pair order."""
     from fairseq.data import data_utils
 
     src, tgt = infer_language_pair(data_bin, "train")
-    longest = {}
+    lengths = {}
     for side, lang in (("source", src), ("target", tgt)):
-        # Keep the dataset alive while reading: its sizes are a view of its mmap,
-        # which it unmaps when garbage-collected (a segfault, not an exception).
+        # Copy the sizes before the dataset goes: they are a view of its mmap, which it
+        # unmaps when garbage-collected (a segfault, not an exception).
         dataset = data_utils.load_indexed_dataset(str(data_bin / f"train.{src}-{tgt}.{lang}"))
-        longest[side] = int(dataset.sizes.max())
+        lengths[side] = np.array(dataset.sizes, dtype=np.int64)
         del dataset
-    return longest
+    return lengths
+
+
+def longest_training_pair(data_bin: Path) -> Dict[str, int]:
+    """Longest source and target of the binarized training set, in tokens (with EOS)."""
+    return {side: int(sizes.max()) for side, sizes in training_lengths(data_bin).items()}

@@ -10,7 +10,10 @@ averaged checkpoint (``checkpoint_avg_last5.pt``) decodes the test set once per
 (the checkpoint is not changed), into ``RUN_DIR/scaling/<variant>/generate-test.txt``; a
 rerun decodes only what is missing. The original length ``L`` that the rules scale from
 is the run's longest training pair, in subword tokens with EOS (source or target,
-whichever is longer): the longest position the model saw in training.
+whichever is longer): the longest position the model saw in training. The dynamic rules
+are decoded a second time from the length that 95 % of the training pairs do not exceed
+(``-p95`` variants), since the positions near the longest were seen in a handful of pairs
+only (:func:`original_lengths`).
 
 Per variant and bucket (:data:`~fairseq_rope.experiments.table.MULTI30K_EDGES`, raw English
 words): tokenized BLEU and hypothesis/reference length (means over the runs), hypotheses
@@ -31,11 +34,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
 
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, command_line, read_lines, report_error
@@ -49,7 +55,7 @@ from fairseq_rope.evaluation.scoring import (
     runaways,
 )
 from fairseq_rope.evaluation.significance import paired_bootstrap
-from fairseq_rope.experiments.length_corpus import longest_training_pair
+from fairseq_rope.experiments.length_corpus import training_lengths
 from fairseq_rope.experiments.table import DEFAULT_RESULTS_DIR, MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
 
 #: Scalings whose factor the rule derives from lengths (no sweep): each method at the
@@ -61,18 +67,25 @@ DEFAULT_FACTORS = (1.5, 2.0, 3.0)
 #: Fewest pooled sentences in a bucket for a paired bootstrap (fewer: not tested).
 MIN_BOOTSTRAP_SENTENCES = 50
 PLAIN = "none"
+#: The original lengths L a variant can scale from (:func:`original_lengths`): the longest
+#: training pair, and the length that 95 % of training pairs do not exceed.
+LONGEST, TYPICAL = "longest", "p95"
+TYPICAL_QUANTILE = 0.95
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One decoding of a RoPE model: a ``--rope-scaling`` mode and, if swept, its factor."""
+    """One decoding of a RoPE model: a ``--rope-scaling`` mode, its factor if swept, and the
+    original length it scales from (the name says which when it is not the longest)."""
 
     scaling: str
     factor: Optional[float] = None
+    length: str = LONGEST
 
     @property
     def name(self) -> str:
-        return self.scaling if self.factor is None else f"{self.scaling}-{self.factor:g}"
+        name = self.scaling if self.factor is None else f"{self.scaling}-{self.factor:g}"
+        return name if self.length == LONGEST else f"{name}-{self.length}"
 
     def overrides(self, original_length: int) -> Dict[str, Any]:
         """The model arguments this decoding overrides (plain RoPE: none)."""
@@ -85,14 +98,21 @@ class Variant:
 
 
 def variants(factors: Sequence[float] = DEFAULT_FACTORS) -> List[Variant]:
-    """Plain RoPE, the length-derived rules, then each swept scaling at each factor."""
-    return ([Variant(PLAIN)] + [Variant(s) for s in RULE_SCALINGS]
+    """Plain RoPE, the length-derived rules from each original length, then each swept
+    scaling at each factor."""
+    return ([Variant(PLAIN)] + [Variant(s, length=length) for length in (LONGEST, TYPICAL) for s in RULE_SCALINGS]
             + [Variant(s, f) for s in SWEPT_SCALINGS for f in factors])
 
 
-def original_length(data_bin: Path) -> int:
-    """The longest training position: the longest training source or target, EOS included."""
-    return max(longest_training_pair(data_bin).values())
+def original_lengths(data_bin: Path) -> Dict[str, int]:
+    """The original lengths L, in tokens with EOS, of pairs measured by their longer side:
+    the longest training pair (the longest position the model saw), and the smallest length
+    that at least :data:`TYPICAL_QUANTILE` of the training pairs do not exceed (positions
+    past it were seen in few pairs: in the multi30k length study, 2 % of the sources reach
+    18 tokens)."""
+    lengths = training_lengths(data_bin)
+    pairs = np.sort(np.maximum(lengths["source"], lengths["target"]))
+    return {LONGEST: int(pairs[-1]), TYPICAL: int(pairs[math.ceil(TYPICAL_QUANTILE * len(pairs)) - 1])}
 
 
 @dataclass(frozen=True)
@@ -114,12 +134,13 @@ class EvaluatedRun:
         return cls(run_dir, Path(results["checkpoint"]), Path(results["data"]),
                    Path(results["raw_reference"]), results["target_lang"])
 
-    def decode(self, variant: Variant, length: int) -> Path:
-        """``RUN_DIR/scaling/<variant>/generate-test.txt``, decoded unless it exists."""
+    def decode(self, variant: Variant, lengths: Dict[str, int]) -> Path:
+        """``RUN_DIR/scaling/<variant>/generate-test.txt``, decoded unless it exists, with the
+        variant's original length from ``lengths`` (:func:`original_lengths`)."""
         out = self.run_dir / "scaling" / variant.name / "generate-test.txt"
         if not out.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
-            overrides = variant.overrides(length)
+            overrides = variant.overrides(lengths[variant.length])
             print(f"decoding {self.run_dir} with {variant.name}", file=sys.stderr)
             with base.atomic_path(out) as tmp:
                 generate(self.checkpoint, self.data_bin, tmp,
@@ -149,10 +170,10 @@ def study(run_dirs: Sequence[Path], factors: Sequence[float] = DEFAULT_FACTORS,
     report: Dict[str, Any] = {"length_unit": "raw English words of test.en", "original_length": {},
                               "variants": {}, "baselines": {}}
     for run in runs:
-        length = original_length(run.data_bin)
-        report["original_length"][str(run.run_dir)] = length
+        lengths = original_lengths(run.data_bin)
+        report["original_length"][str(run.run_dir)] = lengths
         for variant in variants(factors):
-            decoded.setdefault(variant.name, []).append(read_generate_output(run.decode(variant, length)))
+            decoded.setdefault(variant.name, []).append(read_generate_output(run.decode(variant, lengths)))
     for name, per_run in decoded.items():
         report["variants"][name] = [measure(t, sources) for t in per_run]
     for run_dir in baselines:
@@ -225,6 +246,11 @@ def _cells(per_run: Sequence[List[Dict[str, Any]]], key: str, fmt: str) -> List[
     return cells
 
 
+def _lengths(report: Dict[str, Any], which: str) -> str:
+    """The runs' original lengths of one kind, e.g. ``34`` or ``33, 34``."""
+    return ", ".join(map(str, sorted({lengths[which] for lengths in report["original_length"].values()})))
+
+
 def report_path(scale: str, results_dir: Path = DEFAULT_RESULTS_DIR) -> Path:
     """The study of a length scale's runs, without suffix (``.json``, ``.md``): the default
     ``--out``, and where ``collect`` finds the study to show it in ``<scale>.md``."""
@@ -238,8 +264,9 @@ def render(report: Dict[str, Any], command: str) -> str:
            f"Written by `{command}` on {datetime.date.today().isoformat()}. Every rope row decodes the "
            f"same {len(plain)} trained RoPE model(s) (their averaged checkpoints) with the scaling "
            "given to fairseq-generate by `--model-overrides`; beam 4, length penalty 0.6. Original "
-           f"length L (the longest training pair, subword tokens with EOS): "
-           f"{', '.join(map(str, sorted(set(report['original_length'].values()))))}. Buckets: "
+           f"length L (subword tokens with EOS, a pair's longer side): the longest training pair, "
+           f"{_lengths(report, LONGEST)}; for the `-{TYPICAL}` rows the length "
+           f"{TYPICAL_QUANTILE:.0%} of the training pairs do not exceed, {_lengths(report, TYPICAL)}. Buckets: "
            f"{report['length_unit']}; † past the training length ({MULTI30K_MAX_TRAIN_WORDS} words). "
            "Means over the runs.", ""]
     return "\n".join(out + tables(report, "##"))

@@ -267,3 +267,25 @@ def test_paired_bootstrap_is_sacrebleus_and_needs_equal_counts():
     assert worse["BLEU"]["p_value"] < 0.01 and "bs:1000" in worse["BLEU"]["signature"]
     with pytest.raises(ValueError, match="counts must be equal"):
         paired_bootstrap(refs, refs[:-1], refs)
+
+
+def test_paired_bootstrap_of_identical_outputs_is_not_significant():
+    """sacrebleu gives a system tested against itself its smallest p (1/1001); identical
+    hypotheses get p = 1, and one changed sentence gets sacrebleu's own p again."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    from fairseq_rope.evaluation.significance import paired_bootstrap
+
+    refs = [f"Ein Hund {i} läuft über die Wiese." for i in range(40)]
+    hyps = [r if i % 4 else f"Ein Hund {i} rennt." for i, r in enumerate(refs)]
+    _, raw = PairedTest([("baseline", hyps), ("system", hyps)], {"BLEU": BLEU()}, [refs],
+                        test_type="bs", n_samples=1000)()
+    assert raw["BLEU"][1].p_value == pytest.approx(1 / 1001)  # what the override is for
+    same = paired_bootstrap(hyps, list(hyps), refs)
+    assert same["BLEU"]["p_value"] == same["chrF2"]["p_value"] == 1.0
+    assert same["BLEU"]["system"] == same["BLEU"]["baseline"]
+    changed = hyps[:-1] + ["Eine Katze."]
+    _, raw = PairedTest([("baseline", hyps), ("system", changed)], {"BLEU": BLEU()}, [refs],
+                        test_type="bs", n_samples=1000)()
+    assert paired_bootstrap(hyps, changed, refs)["BLEU"]["p_value"] == raw["BLEU"][1].p_value

@@ -13,6 +13,8 @@ from sacrebleu.metrics import BLEU
 from fairseq_rope.experiments import scaling_study
 from fairseq_rope.experiments.scaling_study import PLAIN, Variant
 
+#: Original lengths the fake runs scale from (longest training pair, 95 % of the pairs).
+LENGTHS = {scaling_study.LONGEST: 20, scaling_study.TYPICAL: 12}
 WORDS = "ein der die das Hund Mann Frau Kind läuft sitzt auf dem Gras Straße rot blau".split()
 
 
@@ -62,7 +64,7 @@ def bleu(hyps: List[str], refs: List[str]) -> float:
 
 def test_study_measures_each_bucket_and_tests_past_the_training_length(tmp_path, monkeypatch):
     runs, sinusoidal, sources, refs, short = fake_runs(tmp_path)
-    monkeypatch.setattr(scaling_study, "original_length", lambda data_bin: 20)
+    monkeypatch.setattr(scaling_study, "original_lengths", lambda data_bin: LENGTHS)
     monkeypatch.setattr(scaling_study, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decoded")))
     report = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])
 
@@ -105,17 +107,41 @@ def test_variants_reach_fairseq_generate_as_model_overrides(tmp_path, monkeypatc
 
     monkeypatch.setattr(scaling_study, "generate", fake_generate)
     run = scaling_study.EvaluatedRun.read(runs[0])
-    for variant in (Variant(PLAIN), Variant("dynamic-ntk"), Variant("yarn", 2.0)):
+    lengths = {scaling_study.LONGEST: 31, scaling_study.TYPICAL: 19}
+    typical = Variant("dynamic-linear", length=scaling_study.TYPICAL)
+    assert typical.name == "dynamic-linear-p95" and typical in scaling_study.variants()
+    for variant in (Variant(PLAIN), Variant("dynamic-ntk"), typical, Variant("yarn", 2.0)):
         (runs[0] / "scaling" / variant.name / "generate-test.txt").unlink()
-        run.decode(variant, 31)
+        run.decode(variant, lengths)
     assert calls == [
         ("checkpoint_avg_last5.pt", []),
         ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'dynamic-ntk', 'rope_original_length': 31}"]),
+        ("checkpoint_avg_last5.pt", ["--model-overrides",
+                                     "{'rope_scaling': 'dynamic-linear', 'rope_original_length': 19}"]),
         ("checkpoint_avg_last5.pt", ["--model-overrides", "{'rope_scaling': 'yarn', 'rope_original_length': 31, "
                                      "'rope_scaling_factor': 2.0}"]),
     ]
-    run.decode(Variant("yarn", 2.0), 31)  # decoded already: not again
-    assert len(calls) == 3
+    run.decode(Variant("yarn", 2.0), lengths)  # decoded already: not again
+    assert len(calls) == 4
+
+
+def test_original_lengths_are_the_longest_pair_and_the_95th_percentile(tmp_path):
+    """On a binarized corpus of 40 pairs, against its raw text: a pair's length is its longer
+    side in words plus EOS; 95 % of 40 pairs is 38."""
+    from tests.conftest import fairseq_cli
+
+    rng = random.Random(1)
+    sides = [(rng.randint(1, 9), rng.randint(1, 9)) for _ in range(38)] + [(3, 14), (21, 5)]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang, side in (("en", 0), ("de", 1)):
+        (raw / f"train.{lang}").write_text("".join(sentence(rng, n[side]) + "\n" for n in sides), encoding="utf-8")
+    fairseq_cli("fairseq-preprocess", ["--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
+                                       "--workers", "1", "--trainpref", raw / "train", "--destdir", tmp_path / "bin"])
+    pairs = [max(n) + 1 for n in sides]
+    covering = min(v for v in set(pairs) if sum(p <= v for p in pairs) >= 0.95 * len(pairs))
+    assert scaling_study.original_lengths(tmp_path / "bin") == {"longest": 22, "p95": covering}
+    assert covering == 10  # the 38 short pairs, not the two long ones
 
 
 def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
@@ -126,7 +152,7 @@ def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
 
     runs, sinusoidal, *_ = fake_runs(tmp_path)
     results = tmp_path / "results"
-    monkeypatch.setattr(scaling_study, "original_length", lambda data_bin: 20)
+    monkeypatch.setattr(scaling_study, "original_lengths", lambda data_bin: LENGTHS)
     monkeypatch.setattr(scaling_study, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decoded")))
     default_path = scaling_study.report_path
     monkeypatch.setattr(scaling_study, "report_path", lambda scale, results_dir=results: default_path(scale, results_dir))
@@ -163,7 +189,7 @@ def test_a_baseline_can_be_a_committed_record(tmp_path, monkeypatch):
     record.mkdir(parents=True)
     by_length = length_report(sinusoidal / "eval" / "generate-test.txt", MULTI30K_EDGES, data / "raw" / "test.en")
     (record / "run.json").write_text(json.dumps({"row": "sinusoidal", "bleu_by_length": by_length}))
-    monkeypatch.setattr(scaling_study, "original_length", lambda data_bin: 20)
+    monkeypatch.setattr(scaling_study, "original_lengths", lambda data_bin: LENGTHS)
 
     evaluated = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])["baselines"]["sinusoidal"][0]
     report = scaling_study.study(runs, factors=(2.0,), baselines=[record])
