@@ -119,17 +119,17 @@ def _without(mapping: Dict[str, Any], key: str) -> Dict[str, Any]:
     return {k: v for k, v in mapping.items() if k != key}
 
 
-def training_lengths(data_bin: Path) -> Dict[str, np.ndarray]:
-    """Length of every training source and target of the binarized training set, in tokens
-    (with EOS), in pair order."""
+def corpus_lengths(data_bin: Path, split: str = "train") -> Dict[str, np.ndarray]:
+    """Length of every source and target of a binarized split, in tokens (with EOS), in pair
+    order (a pair's index is its line number, fairseq-generate's sentence id)."""
     from fairseq.data import data_utils
 
-    src, tgt = infer_language_pair(data_bin, "train")
+    src, tgt = infer_language_pair(data_bin, split)
     lengths = {}
     for side, lang in (("source", src), ("target", tgt)):
         # Copy the sizes before the dataset goes: they are a view of its mmap, which it
         # unmaps when garbage-collected (a segfault, not an exception).
-        dataset = data_utils.load_indexed_dataset(str(data_bin / f"train.{src}-{tgt}.{lang}"))
+        dataset = data_utils.load_indexed_dataset(str(data_bin / f"{split}.{src}-{tgt}.{lang}"))
         lengths[side] = np.array(dataset.sizes, dtype=np.int64)
         del dataset
     return lengths
@@ -137,4 +137,4 @@ def training_lengths(data_bin: Path) -> Dict[str, np.ndarray]:
 
 def longest_training_pair(data_bin: Path) -> Dict[str, int]:
     """Longest source and target of the binarized training set, in tokens (with EOS)."""
-    return {side: int(sizes.max()) for side, sizes in training_lengths(data_bin).items()}
+    return {side: int(sizes.max()) for side, sizes in corpus_lengths(data_bin).items()}

@@ -55,7 +55,7 @@ from fairseq_rope.evaluation.scoring import (
     runaways,
 )
 from fairseq_rope.evaluation.significance import paired_bootstrap
-from fairseq_rope.experiments.length_corpus import training_lengths
+from fairseq_rope.experiments.length_corpus import corpus_lengths
 from fairseq_rope.experiments.table import DEFAULT_RESULTS_DIR, MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
 
 #: Scalings whose factor the rule derives from lengths (no sweep): each method at the
@@ -110,7 +110,7 @@ def original_lengths(data_bin: Path) -> Dict[str, int]:
     that at least :data:`TYPICAL_QUANTILE` of the training pairs do not exceed (positions
     past it were seen in few pairs: in the multi30k length study, 2 % of the sources reach
     18 tokens)."""
-    lengths = training_lengths(data_bin)
+    lengths = corpus_lengths(data_bin)
     pairs = np.sort(np.maximum(lengths["source"], lengths["target"]))
     return {LONGEST: int(pairs[-1]), TYPICAL: int(pairs[math.ceil(TYPICAL_QUANTILE * len(pairs)) - 1])}
 
@@ -148,6 +148,27 @@ class EvaluatedRun:
         return out
 
 
+def positions(data_bin: Path, sources: Sequence[str], lengths: Dict[str, int]) -> List[Dict[str, Any]]:
+    """Per bucket, how far the test sentences reach past the positions training covered:
+    median source length in tokens (with EOS), sources longer than the longest training
+    source, references longer than the longest training target, and sources the ``-p95``
+    rules scale (longer than that original length)."""
+    train, test = corpus_lengths(data_bin, "train"), corpus_lengths(data_bin, "test")
+    longest = {side: int(sizes.max()) for side, sizes in train.items()}
+    words = [max(1, len(line.split())) for line in sources]
+    rows = []
+    for bucket in buckets_for(MULTI30K_EDGES, words):
+        ids = [i for i, n in enumerate(words) if bucket.contains(n)]
+        src, ref = test["source"][ids], test["target"][ids]
+        rows.append({"bucket": bucket.label, "low": bucket.low, "sentences": len(ids),
+                     "median_source_tokens": float(np.median(src)) if ids else None,
+                     "sources_past_longest": int((src > longest["source"]).sum()),
+                     "references_past_longest": int((ref > longest["target"]).sum()),
+                     "sources_past_typical": int((src > lengths[TYPICAL]).sum()),
+                     "longest_training": longest})
+    return rows
+
+
 def measure(translations: Sequence[Translation], sources: Sequence[str]) -> List[Dict[str, Any]]:
     """The length study's buckets (BLEU, hypothesis/reference length), with runaways per bucket."""
     rows = bleu_by_length(translations, MULTI30K_EDGES, sources)
@@ -172,6 +193,7 @@ def study(run_dirs: Sequence[Path], factors: Sequence[float] = DEFAULT_FACTORS,
     for run in runs:
         lengths = original_lengths(run.data_bin)
         report["original_length"][str(run.run_dir)] = lengths
+        report.setdefault("positions", positions(run.data_bin, sources, lengths))  # same data for every run
         for variant in variants(factors):
             decoded.setdefault(variant.name, []).append(read_generate_output(run.decode(variant, lengths)))
     for name, per_run in decoded.items():
@@ -251,6 +273,26 @@ def _lengths(report: Dict[str, Any], which: str) -> str:
     return ", ".join(map(str, sorted({lengths[which] for lengths in report["original_length"].values()})))
 
 
+def _positions_table(report: Dict[str, Any], columns: List[str], heading: str) -> List[str]:
+    """Where the test sentences of each bucket lie against the positions training covered."""
+    rows = report["positions"]
+    longest = rows[0]["longest_training"]
+    lines = [["median source length (tokens with EOS)",
+              *("—" if r["median_source_tokens"] is None else f"{r['median_source_tokens']:g}" for r in rows)],
+             [f"sources longer than the longest training source ({longest['source']})",
+              *(str(r["sources_past_longest"]) for r in rows)],
+             [f"references longer than the longest training target ({longest['target']})",
+              *(str(r["references_past_longest"]) for r in rows)],
+             [f"sources the `-{TYPICAL}` rules scale (longer than {_lengths(report, TYPICAL)})",
+              *(str(r["sources_past_typical"]) for r in rows)]]
+    return [f"{heading} Test sentences against the training positions", "",
+            "Subword tokens of the binarized test set, per bucket of raw English words: how many "
+            "sentences need positions that no training pair had, and how many the dynamic rules "
+            f"scale from the `-{TYPICAL}` length (from the longest pair, only sources longer than "
+            f"{_lengths(report, LONGEST)}).", "",
+            *markdown_table(["test sentences", *columns], lines), ""]
+
+
 def report_path(scale: str, results_dir: Path = DEFAULT_RESULTS_DIR) -> Path:
     """The study of a length scale's runs, without suffix (``.json``, ``.md``): the default
     ``--out``, and where ``collect`` finds the study to show it in ``<scale>.md``."""
@@ -282,6 +324,8 @@ def tables(report: Dict[str, Any], heading: str) -> List[str]:
             **{f"{name} (no scaling)": runs for name, runs in report["baselines"].items()}}
     header = ["decoding", *(f"{label} (n={n})" for label, n in zip(labels, sizes))]
     out: List[str] = []
+    if report.get("positions"):
+        out += _positions_table(report, header[1:], heading)
     for title, key, fmt in (("BLEU (tokenized, compound-split)", "bleu", ".2f"),
                             ("Hypothesis / reference length", "length_ratio", ".3f"),
                             ("Hypotheses longer than 1.5x their reference (per run)", "runaways", ".1f")):

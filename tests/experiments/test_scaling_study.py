@@ -8,13 +8,12 @@ import random
 from pathlib import Path
 from typing import List, Sequence
 
+import numpy as np
 from sacrebleu.metrics import BLEU
 
 from fairseq_rope.experiments import scaling_study
 from fairseq_rope.experiments.scaling_study import PLAIN, Variant
 
-#: Original lengths the fake runs scale from (longest training pair, 95 % of the pairs).
-LENGTHS = {scaling_study.LONGEST: 20, scaling_study.TYPICAL: 12}
 WORDS = "ein der die das Hund Mann Frau Kind läuft sitzt auf dem Gras Straße rot blau".split()
 
 
@@ -58,17 +57,36 @@ def fake_runs(tmp_path: Path, seeds: int = 2):
     return runs, sinusoidal, sources, refs, short
 
 
+def fake_corpus_lengths(monkeypatch) -> None:
+    """Token lengths of the fake runs' data-bin: 19 training pairs of 12 tokens and one of 18/20
+    (longest pair 20, 95 % of pairs 12); the test sets' sources and references: words + EOS."""
+    def corpus_lengths(data_bin, split="train"):
+        if split == "train":
+            return {"source": np.array([12] * 19 + [18]), "target": np.array([11] * 19 + [20])}
+        raw = Path(data_bin).parent / "raw"
+        return {side: np.array([len(line.split()) + 1 for line in (raw / f"test.{lang}").read_text().splitlines()])
+                for side, lang in (("source", "en"), ("target", "de"))}
+
+    monkeypatch.setattr(scaling_study, "corpus_lengths", corpus_lengths)
+
+
 def bleu(hyps: List[str], refs: List[str]) -> float:
     return BLEU(tokenize="none").corpus_score(hyps, [refs]).score
 
 
 def test_study_measures_each_bucket_and_tests_past_the_training_length(tmp_path, monkeypatch):
     runs, sinusoidal, sources, refs, short = fake_runs(tmp_path)
-    monkeypatch.setattr(scaling_study, "original_lengths", lambda data_bin: LENGTHS)
+    fake_corpus_lengths(monkeypatch)
     monkeypatch.setattr(scaling_study, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decoded")))
     report = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])
 
     assert set(report["variants"]) == {v.name for v in scaling_study.variants((2.0,))}
+    assert set(map(tuple, (l.values() for l in report["original_length"].values()))) == {(20, 12)}
+    positions = {row["bucket"]: row for row in report["positions"]}
+    # Long sources: 15 tokens, past the 95 % length (12), not past the longest source (18).
+    assert positions["13-16"]["median_source_tokens"] == 15 and positions["13-16"]["sources_past_typical"] == 60
+    assert positions["13-16"]["sources_past_longest"] == positions["13-16"]["references_past_longest"] == 0
+    assert positions["1-8"]["sources_past_typical"] == 0 and positions["9-12"]["median_source_tokens"] is None
     long = slice(20, 80)
     plain = {row["bucket"]: row for row in report["variants"][PLAIN][0]}
     assert plain["1-8"]["sentences"] == 20 and plain["13-16"]["sentences"] == 60
@@ -93,6 +111,8 @@ def test_study_measures_each_bucket_and_tests_past_the_training_length(tmp_path,
     md = scaling_study.render(report, "scripts/rope_scaling_study.py X")
     assert "`scripts/rope_scaling_study.py X`" in md and "13-16† (n=60)" in md
     assert "| rope, linear-2 |" in md and "| sinusoidal (no scaling) |" in md
+    assert "| sources the `-p95` rules scale (longer than 12) | 0 | 0 | 60 |" in md
+    assert "| median source length (tokens with EOS) | 6 | — | 15 |" in md
     assert "100.00 (p " in md.split("## Against plain RoPE")[1]
 
 
@@ -152,7 +172,7 @@ def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
 
     runs, sinusoidal, *_ = fake_runs(tmp_path)
     results = tmp_path / "results"
-    monkeypatch.setattr(scaling_study, "original_lengths", lambda data_bin: LENGTHS)
+    fake_corpus_lengths(monkeypatch)
     monkeypatch.setattr(scaling_study, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decoded")))
     default_path = scaling_study.report_path
     monkeypatch.setattr(scaling_study, "report_path", lambda scale, results_dir=results: default_path(scale, results_dir))
@@ -189,7 +209,7 @@ def test_a_baseline_can_be_a_committed_record(tmp_path, monkeypatch):
     record.mkdir(parents=True)
     by_length = length_report(sinusoidal / "eval" / "generate-test.txt", MULTI30K_EDGES, data / "raw" / "test.en")
     (record / "run.json").write_text(json.dumps({"row": "sinusoidal", "bleu_by_length": by_length}))
-    monkeypatch.setattr(scaling_study, "original_lengths", lambda data_bin: LENGTHS)
+    fake_corpus_lengths(monkeypatch)
 
     evaluated = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])["baselines"]["sinusoidal"][0]
     report = scaling_study.study(runs, factors=(2.0,), baselines=[record])
