@@ -208,7 +208,7 @@ def runaway_cell(runs: Sequence[Dict[str, Any]]) -> str:
 # --- Significance
 
 
-def significance_table(runs: Runs) -> List[str]:
+def significance_table(runs: Runs, work_dir: Path) -> List[str]:
     """sacrebleu's paired bootstrap of every row against the sinusoidal baseline.
 
     Per seed: a row's seed-N run against the baseline's seed-N run. Pooled: the
@@ -227,7 +227,7 @@ def significance_table(runs: Runs) -> List[str]:
     header = ["row", "seeds", f"sacreBLEU ({BASELINE} → row)", "p (sacreBLEU)",
               f"chrF ({BASELINE} → row)", "p (chrF)"]
     lines, notes = [], []
-    references = _References()
+    references = _References(work_dir)
     for name in ROWS:
         if name == BASELINE:
             continue
@@ -259,22 +259,35 @@ def _p(value: float) -> str:
 
 
 class _References:
-    """Raw references by path, read once, checked against the checksum each run recorded."""
+    """Raw references, read once, checked against the checksum each run recorded: at the path
+    the run recorded, or, where that is gone (a record of another checkout or machine), a file
+    of the same name and checksum in any scale's data under ``work_dir``."""
 
-    def __init__(self) -> None:
+    def __init__(self, work_dir: Path) -> None:
+        self._work_dir = work_dir
         self._lines: Dict[str, List[str]] = {}
+        self._checksums: Dict[Path, str] = {}
+
+    def _checksum(self, path: Path) -> str:
+        if path not in self._checksums:
+            self._checksums[path] = sha256_file(path)
+        return self._checksums[path]
 
     def get(self, run: Dict[str, Any]) -> Tuple[Optional[List[str]], str]:
         path, expected = run.get("raw_reference"), run.get("raw_reference_sha256")
         if not path or not expected:
             return None, "the run recorded no raw reference"
-        if not Path(path).is_file():
-            return None, f"reference {path} not found: prepare the scale's data"
-        if path not in self._lines:
-            if sha256_file(Path(path)) != expected:
-                return None, f"{path} is not the reference the run was scored against (checksum)"
-            self._lines[path] = read_lines(path)
-        return self._lines[path], ""
+        if expected not in self._lines:
+            candidates = [Path(path)] if Path(path).is_file() else sorted(
+                self._work_dir.glob(f"*/data/raw/{Path(path).name}"))
+            found = next((c for c in candidates if self._checksum(c) == expected), None)
+            if found is None:
+                if Path(path).is_file():
+                    return None, f"{path} is not the reference the run was scored against (checksum)"
+                return None, (f"reference {path} not found, nor one with its checksum in "
+                              f"{_shown_path(self._work_dir)}/*/data/raw: prepare the scale's data")
+            self._lines[expected] = read_lines(found)
+        return self._lines[expected], ""
 
 
 def _paired_texts(pairs: Sequence[Tuple[Dict[str, Any], Dict[str, Any]]], references: _References
@@ -507,7 +520,7 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         if study.size == scale.size and study.is_length_study and study is not scale:
             out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
     if scale.data != "demo":
-        out += ["## Significance", ""] + significance_table(runs) + [""]
+        out += ["## Significance", ""] + significance_table(runs, work_dir) + [""]
     if scale.equal_budget is not None:
         at_budget = budget_runs(runs)
         out += ["## Convergence", ""] + convergence_table(runs) + ["", f"![valid BLEU]({plots['valid_bleu'].name})", ""]
@@ -517,7 +530,7 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
                 "trajectories that go on to convergence. Tokens/s and wall time: their training up to "
                 "that update (— for runs recorded before these were).", ""]
         out += main_table(scale, at_budget) + ["", "### Significance at the equal budget", ""]
-        out += significance_table(at_budget) + [""]
+        out += significance_table(at_budget, work_dir) + [""]
     if scale.bucket_edges:
         title = "Length extrapolation" if scale.is_length_study else "BLEU by source length"
         out += [f"## {title}", ""] + length_table(scale, runs)

@@ -548,7 +548,17 @@ def test_significance_says_why_it_is_unavailable(tmp_path):
     assert "is not the reference the run was scored against" in (out / "multi30k.md").read_text()
     reference.unlink()
     collect.collect(SCALES["multi30k"], work, out)
-    assert "not found: prepare the scale's data" in (out / "multi30k.md").read_text()
+    assert "not found, nor one with its checksum in" in (out / "multi30k.md").read_text()
+    # The record outlived its checkout: the same references prepared in another work directory serve.
+    moved = work / "multi30k" / "data" / "raw" / "test.de"
+    moved.parent.mkdir(parents=True)
+    moved.write_text("a\nc\n")
+    collect.collect(SCALES["multi30k"], work, out)
+    assert "not found, nor one with its checksum in" in (out / "multi30k.md").read_text()  # other text
+    moved.write_text("a\nb\n")
+    collect.collect(SCALES["multi30k"], work, out)
+    significance = (out / "multi30k.md").read_text().split("## Significance")[1].split("## ")[0]
+    assert "| rope | 1 | " in significance and "unavailable" not in significance
 
 
 def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
