@@ -55,7 +55,7 @@ from fairseq_rope.evaluation.scoring import (
     runaways,
 )
 from fairseq_rope.evaluation.significance import paired_bootstrap
-from fairseq_rope.experiments.length_corpus import corpus_lengths
+from fairseq_rope.experiments.length_corpus import corpus_lengths, longest_training_pair
 from fairseq_rope.experiments.table import DEFAULT_RESULTS_DIR, MULTI30K_EDGES, MULTI30K_MAX_TRAIN_WORDS
 
 #: Scalings whose factor the rule derives from lengths (no sweep): each method at the
@@ -148,13 +148,13 @@ class EvaluatedRun:
         return out
 
 
-def positions(data_bin: Path, sources: Sequence[str], lengths: Dict[str, int]) -> List[Dict[str, Any]]:
-    """Per bucket, how far the test sentences reach past the positions training covered:
-    median source length in tokens (with EOS), sources longer than the longest training
-    source, references longer than the longest training target, and sources the ``-p95``
-    rules scale (longer than that original length)."""
-    train, test = corpus_lengths(data_bin, "train"), corpus_lengths(data_bin, "test")
-    longest = {side: int(sizes.max()) for side, sizes in train.items()}
+def positions(test: Dict[str, np.ndarray], sources: Sequence[str], longest: Dict[str, int],
+              typical: int) -> List[Dict[str, Any]]:
+    """Per bucket, how far the test sentences (``test``: their token lengths, from
+    :func:`corpus_lengths`) reach past the positions training covered: median source length
+    in tokens (with EOS), sources longer than the longest training source, references longer
+    than the longest training target (``longest``: :func:`longest_training_pair`), and sources
+    the ``-p95`` rules scale (longer than ``typical``)."""
     words = [max(1, len(line.split())) for line in sources]
     rows = []
     for bucket in buckets_for(MULTI30K_EDGES, words):
@@ -164,8 +164,7 @@ def positions(data_bin: Path, sources: Sequence[str], lengths: Dict[str, int]) -
                      "median_source_tokens": float(np.median(src)) if ids else None,
                      "sources_past_longest": int((src > longest["source"]).sum()),
                      "references_past_longest": int((ref > longest["target"]).sum()),
-                     "sources_past_typical": int((src > lengths[TYPICAL]).sum()),
-                     "longest_training": longest})
+                     "sources_past_typical": int((src > typical).sum())})
     return rows
 
 
@@ -193,9 +192,13 @@ def study(run_dirs: Sequence[Path], factors: Sequence[float] = DEFAULT_FACTORS,
     for run in runs:
         lengths = original_lengths(run.data_bin)
         report["original_length"][str(run.run_dir)] = lengths
-        report.setdefault("positions", positions(run.data_bin, sources, lengths))  # same data for every run
         for variant in variants(factors):
             decoded.setdefault(variant.name, []).append(read_generate_output(run.decode(variant, lengths)))
+    # The runs of a study share its data: where its test sentences lie, once.
+    data_bin = runs[0].data_bin
+    report["longest_training_pair"] = longest_training_pair(data_bin)
+    report["positions"] = positions(corpus_lengths(data_bin, "test"), sources, report["longest_training_pair"],
+                                    report["original_length"][str(runs[0].run_dir)][TYPICAL])
     for name, per_run in decoded.items():
         report["variants"][name] = [measure(t, sources) for t in per_run]
     for run_dir in baselines:
@@ -275,8 +278,7 @@ def _lengths(report: Dict[str, Any], which: str) -> str:
 
 def _positions_table(report: Dict[str, Any], columns: List[str], heading: str) -> List[str]:
     """Where the test sentences of each bucket lie against the positions training covered."""
-    rows = report["positions"]
-    longest = rows[0]["longest_training"]
+    rows, longest = report["positions"], report["longest_training_pair"]
     lines = [["median source length (tokens with EOS)",
               *("—" if r["median_source_tokens"] is None else f"{r['median_source_tokens']:g}" for r in rows)],
              [f"sources longer than the longest training source ({longest['source']})",

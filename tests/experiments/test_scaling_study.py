@@ -67,7 +67,10 @@ def fake_corpus_lengths(monkeypatch) -> None:
         return {side: np.array([len(line.split()) + 1 for line in (raw / f"test.{lang}").read_text().splitlines()])
                 for side, lang in (("source", "en"), ("target", "de"))}
 
+    from fairseq_rope.experiments import length_corpus
+
     monkeypatch.setattr(scaling_study, "corpus_lengths", corpus_lengths)
+    monkeypatch.setattr(length_corpus, "corpus_lengths", corpus_lengths)  # its longest_training_pair
 
 
 def bleu(hyps: List[str], refs: List[str]) -> float:
