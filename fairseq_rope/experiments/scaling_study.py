@@ -49,6 +49,7 @@ from fairseq_rope.evaluation.bleu_by_length import Bucket, bleu_by_length, bucke
 from fairseq_rope.evaluation.decoding import generate
 from fairseq_rope.evaluation.report import markdown_table
 from fairseq_rope.evaluation.scoring import (
+    RUNAWAY_RATIO,
     Translation,
     detokenize,
     read_generate_output,
@@ -213,21 +214,34 @@ def baseline(run_dir: Path, sources: Sequence[str]) -> List[Dict[str, Any]]:
     """The buckets of a row shown without scaling: an evaluated run's own decoding, measured as
     the variants are; or, where only its record is left (``docs/results/runs/SCALE/ROW/seedN``,
     written by ``collect``), the BLEU and length ratio per bucket that its ``run.json`` keeps,
-    without runaways per bucket, which the record does not keep."""
+    and its runaways per bucket from the sentence ids it lists (None where it lists none)."""
     decoded = run_dir / "eval" / "generate-test.txt"
     if decoded.is_file():
         return measure(read_generate_output(decoded), sources)
     record = run_dir / "run.json"
     if not record.is_file():
         raise FairseqRopeError(f"{run_dir} is neither an evaluated run (no {decoded}) nor a run's record (no {record})")
-    by_length = json.loads(record.read_text(encoding="utf-8")).get("bleu_by_length") or {}
+    recorded = json.loads(record.read_text(encoding="utf-8"))
+    by_length = recorded.get("bleu_by_length") or {}
     if list(by_length.get("edges", [])) != list(MULTI30K_EDGES):
         raise FairseqRopeError(f"{record} has no BLEU by length at the study's buckets (edges {list(MULTI30K_EDGES)})")
-    rows = [{**bucket, "runaways": None} for bucket in by_length["buckets"]]
-    if sum(row["sentences"] for row in rows) != len(sources):
+    if sum(bucket["sentences"] for bucket in by_length["buckets"]) != len(sources):
         raise FairseqRopeError(f"{record} was scored on another test set "
-                               f"({sum(row['sentences'] for row in rows)} sentences, not {len(sources)})")
-    return rows
+                               f"({sum(b['sentences'] for b in by_length['buckets'])} sentences, not {len(sources)})")
+    runaway_ids = _recorded_runaway_ids(recorded)
+    words = [max(1, len(line.split())) for line in sources]
+    return [{**bucket, "runaways": None if runaway_ids is None else
+             sum(Bucket(bucket["low"], bucket["high"]).contains(words[i]) for i in runaway_ids)}
+            for bucket in by_length["buckets"]]
+
+
+def _recorded_runaway_ids(record: Dict[str, Any]) -> Optional[List[int]]:
+    """The test sentences a record counts as runaways by the study's own measure (longer than
+    ``RUNAWAY_RATIO`` × the reference), or None where it does not list them by that measure."""
+    recorded = record.get("runaways") or {}
+    if recorded.get("ratio") != RUNAWAY_RATIO or recorded.get("longer_than_ratio_ids") is None:
+        return None
+    return list(recorded["longer_than_ratio_ids"])
 
 
 def significance(decoded: Dict[str, List[List[Translation]]], sources: Sequence[str],
@@ -334,8 +348,8 @@ def tables(report: Dict[str, Any], heading: str) -> List[str]:
         out += [f"{heading} {title}", ""]
         out += markdown_table(header, [[name, *_cells(runs, key, fmt)] for name, runs in rows.items()]) + [""]
         if key == "runaways" and any(b[key] is None for runs in rows.values() for buckets in runs for b in buckets):
-            out += ["—: a row read from its run's committed record, which keeps BLEU and length per "
-                    "bucket but not runaways (the run's own table has its runaways over the whole test set).", ""]
+            out += ["—: a row read from a committed record that does not list its runaways' sentences "
+                    "(the run's own table has its runaways over the whole test set).", ""]
     out += [f"{heading} Against plain RoPE past the training length", "",
             "sacrebleu's paired bootstrap (sacreBLEU on detokenized hypotheses and raw references), "
             f"the runs' sentences of each bucket pooled; buckets with fewer than {MIN_BOOTSTRAP_SENTENCES} "

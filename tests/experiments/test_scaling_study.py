@@ -199,19 +199,26 @@ def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
 
 def test_a_baseline_can_be_a_committed_record(tmp_path, monkeypatch):
     """A run whose work directory is gone is shown from its record (docs/results/runs/...):
-    the BLEU and length per bucket that reproduce recorded, and no runaways per bucket."""
+    the BLEU and length per bucket that reproduce recorded, and its runaways per bucket from
+    the sentence ids the evaluation listed; a record listing none shows —."""
     import pytest
 
     from fairseq_rope.base import FairseqRopeError
     from fairseq_rope.evaluation.bleu_by_length import length_report
+    from fairseq_rope.evaluation.scoring import read_generate_output, runaways
     from fairseq_rope.experiments.table import MULTI30K_EDGES
 
-    runs, sinusoidal, *_ = fake_runs(tmp_path, seeds=1)
+    runs, sinusoidal, sources, refs, short = fake_runs(tmp_path, seeds=1)
+    # Runaways in two buckets: sentence 3 (5 words) and 25, 30 (14 words) run on to twice their reference.
+    hyps = [f"{r} {r}" if i in (3, 25, 30) else h for i, (r, h) in enumerate(zip(refs, short))]
+    decoded = sinusoidal / "eval" / "generate-test.txt"
+    write_generate(decoded, sources, refs, hyps)
     data = tmp_path / "data"
     record = tmp_path / "docs" / "results" / "runs" / "multi30k-length" / "sinusoidal" / "seed2"
     record.mkdir(parents=True)
-    by_length = length_report(sinusoidal / "eval" / "generate-test.txt", MULTI30K_EDGES, data / "raw" / "test.en")
-    (record / "run.json").write_text(json.dumps({"row": "sinusoidal", "bleu_by_length": by_length}))
+    by_length = length_report(decoded, MULTI30K_EDGES, data / "raw" / "test.en")
+    (record / "run.json").write_text(json.dumps({"row": "sinusoidal", "bleu_by_length": by_length,
+                                                 "runaways": runaways(read_generate_output(decoded))}))
     fake_corpus_lengths(monkeypatch)
 
     evaluated = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])["baselines"]["sinusoidal"][0]
@@ -220,10 +227,18 @@ def test_a_baseline_can_be_a_committed_record(tmp_path, monkeypatch):
     assert [(b["bucket"], b["sentences"]) for b in recorded] == [(b["bucket"], b["sentences"]) for b in evaluated]
     for got, want in zip(recorded, evaluated):
         assert got["bleu"] == want["bleu"] and got["length_ratio"] == want["length_ratio"]
-        assert got["runaways"] is None and want["runaways"] == 0
+    assert [b["runaways"] for b in recorded] == [b["runaways"] for b in evaluated]
+    assert {b["bucket"]: b["runaways"] for b in recorded if b["runaways"]} == {"1-8": 1, "13-16": 2}
+
+    # A record from before the evaluation listed its runaways' ids: the cells are —, with a note.
+    older = json.loads((record / "run.json").read_text())
+    del older["runaways"]["longer_than_ratio_ids"]
+    (record / "run.json").write_text(json.dumps(older))
+    report = scaling_study.study(runs, factors=(2.0,), baselines=[record])
+    assert all(b["runaways"] is None for b in report["baselines"]["sinusoidal"][0])
     md = scaling_study.render(report, "scripts/rope_scaling_study.py X")
-    runaways = md.split("## Hypotheses longer than 1.5x")[1].split("\n## ")[0]
-    assert "| sinusoidal (no scaling) | — | — | — |" in runaways and "committed record" in runaways
+    table = md.split("## Hypotheses longer than 1.5x")[1].split("\n## ")[0]
+    assert "| sinusoidal (no scaling) | — | — | — |" in table and "committed record" in table
 
     other = json.loads((record / "run.json").read_text())
     other["bleu_by_length"]["buckets"][0]["sentences"] -= 1
