@@ -39,13 +39,13 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, command_line, read_lines, report_error
-from fairseq_rope.evaluation.bleu_by_length import Bucket, bleu_by_length, buckets_for, source_lengths
+from fairseq_rope.evaluation.bleu_by_length import Bucket, bleu_by_length, buckets_for
 from fairseq_rope.evaluation.decoding import generate
 from fairseq_rope.evaluation.report import markdown_table
 from fairseq_rope.evaluation.scoring import (
@@ -149,6 +149,14 @@ class EvaluatedRun:
         return out
 
 
+def bucket_ids(sources: Sequence[str]) -> List[Tuple[Bucket, List[int]]]:
+    """The study's buckets of the test set and the sentence ids in each, by the raw English
+    words of each source (an empty line counts as one word, as in :func:`measure`)."""
+    words = [max(1, len(line.split())) for line in sources]
+    return [(bucket, [i for i, n in enumerate(words) if bucket.contains(n)])
+            for bucket in buckets_for(MULTI30K_EDGES, words)]
+
+
 def positions(test: Dict[str, np.ndarray], sources: Sequence[str], longest: Dict[str, int],
               typical: int) -> List[Dict[str, Any]]:
     """Per bucket, how far the test sentences (``test``: their token lengths, from
@@ -156,10 +164,8 @@ def positions(test: Dict[str, np.ndarray], sources: Sequence[str], longest: Dict
     in tokens (with EOS), sources longer than the longest training source, references longer
     than the longest training target (``longest``: :func:`longest_training_pair`), and sources
     the ``-p95`` rules scale (longer than ``typical``)."""
-    words = [max(1, len(line.split())) for line in sources]
     rows = []
-    for bucket in buckets_for(MULTI30K_EDGES, words):
-        ids = [i for i, n in enumerate(words) if bucket.contains(n)]
+    for bucket, ids in bucket_ids(sources):
         src, ref = test["source"][ids], test["target"][ids]
         rows.append({"bucket": bucket.label, "low": bucket.low, "sentences": len(ids),
                      "median_source_tokens": float(np.median(src)) if ids else None,
@@ -171,13 +177,17 @@ def positions(test: Dict[str, np.ndarray], sources: Sequence[str], longest: Dict
 
 def measure(translations: Sequence[Translation], sources: Sequence[str]) -> List[Dict[str, Any]]:
     """The length study's buckets (BLEU, hypothesis/reference length), with runaways per bucket."""
-    rows = bleu_by_length(translations, MULTI30K_EDGES, sources)
-    lengths = dict(zip((t.id for t in translations), source_lengths(translations, sources)))
-    for row in rows:
-        bucket = Bucket(row["low"], row["high"])
-        row["runaways"] = runaways([t for t in translations if bucket.contains(max(1, lengths[t.id]))]
-                                   )["longer_than_ratio"]
-    return rows
+    return _with_runaways(bleu_by_length(translations, MULTI30K_EDGES, sources),
+                          set(runaways(translations)["longer_than_ratio_ids"]), sources)
+
+
+def _with_runaways(rows: Sequence[Dict[str, Any]], runaway_ids: Optional[Set[int]],
+                   sources: Sequence[str]) -> List[Dict[str, Any]]:
+    """Bucket rows with the number of runaways (``runaway_ids``, test sentence ids) in each;
+    None for all where the ids are unknown."""
+    ids = {bucket.label: set(members) for bucket, members in bucket_ids(sources)}
+    return [{**row, "runaways": None if runaway_ids is None else len(ids[row["bucket"]] & runaway_ids)}
+            for row in rows]
 
 
 def study(run_dirs: Sequence[Path], factors: Sequence[float] = DEFAULT_FACTORS,
@@ -228,30 +238,24 @@ def baseline(run_dir: Path, sources: Sequence[str]) -> List[Dict[str, Any]]:
     if sum(bucket["sentences"] for bucket in by_length["buckets"]) != len(sources):
         raise FairseqRopeError(f"{record} was scored on another test set "
                                f"({sum(b['sentences'] for b in by_length['buckets'])} sentences, not {len(sources)})")
-    runaway_ids = _recorded_runaway_ids(recorded)
-    words = [max(1, len(line.split())) for line in sources]
-    return [{**bucket, "runaways": None if runaway_ids is None else
-             sum(Bucket(bucket["low"], bucket["high"]).contains(words[i]) for i in runaway_ids)}
-            for bucket in by_length["buckets"]]
+    return _with_runaways(by_length["buckets"], _recorded_runaway_ids(recorded), sources)
 
 
-def _recorded_runaway_ids(record: Dict[str, Any]) -> Optional[List[int]]:
+def _recorded_runaway_ids(record: Dict[str, Any]) -> Optional[Set[int]]:
     """The test sentences a record counts as runaways by the study's own measure (longer than
     ``RUNAWAY_RATIO`` × the reference), or None where it does not list them by that measure."""
     recorded = record.get("runaways") or {}
     if recorded.get("ratio") != RUNAWAY_RATIO or recorded.get("longer_than_ratio_ids") is None:
         return None
-    return list(recorded["longer_than_ratio_ids"])
+    return set(recorded["longer_than_ratio_ids"])
 
 
 def significance(decoded: Dict[str, List[List[Translation]]], sources: Sequence[str],
                  references: Sequence[str], target_lang: str) -> Dict[str, Dict[str, Any]]:
     """Per variant and bucket past the training length: sacrebleu's paired bootstrap against
     plain RoPE on the runs' test sets pooled (detokenized hypotheses, raw references)."""
-    lengths = [max(1, len(line.split())) for line in sources]
     tests: Dict[str, Dict[str, Any]] = {}
-    for bucket in buckets_for(MULTI30K_EDGES, lengths):
-        ids = [i for i, n in enumerate(lengths) if bucket.contains(n)]
+    for bucket, ids in bucket_ids(sources):
         if bucket.low < MULTI30K_MAX_TRAIN_WORDS or len(ids) * len(decoded[PLAIN]) < MIN_BOOTSTRAP_SENTENCES:
             continue
         for name, per_run in decoded.items():
