@@ -17,7 +17,8 @@ refuses (raises :class:`PatchError`, which stops the import) or warns
   without them fairseq behaves as it does without the plugin, so the models
   stay usable; only a resumed training run may differ;
 * ``BF16_DEVICE`` warns and skips too: without it ``--bf16`` means TPU, as in
-  fairseq, and bf16 on a GPU fails as it does there.
+  fairseq, and bf16 on a GPU fails as it does there;
+* so does ``PREFETCH_EXIT``: without it a process may abort at exit, as fairseq's does.
 
 Patches wrap fairseq's functions and call the originals; none copies fairseq code.
 See ``docs/patches.md`` for the table.
@@ -69,18 +70,24 @@ that behaviour, and each rebuild is logged.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import inspect
 import logging
 import os
+import queue
+import threading
+import time
 import types
 import warnings
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 import torch
 from fairseq import checkpoint_utils
+from fairseq.data import iterators
 from fairseq.file_io import PathManager
 from fairseq.tasks import FairseqTask
 
@@ -449,6 +456,84 @@ def _bf16_device_active() -> bool:
     return _marked(dataclass_utils.override_module_args, "BF16_DEVICE")
 
 
+# ----------------------------------------------------------------------------- PREFETCH_EXIT
+
+
+_CONSUMER_PARAMETERS = ("self", "queue", "source", "max_len", "cuda_device")
+# How long exit waits for a prefetching thread to finish the batch it is making.
+PREFETCH_EXIT_TIMEOUT_S = 60.0
+_prefetchers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def _prefetch_exit_guard() -> Optional[str]:
+    consumer = getattr(iterators, "BackgroundConsumer", None)
+    if not (isinstance(consumer, type) and issubclass(consumer, threading.Thread)):
+        return f"fairseq.data.iterators.BackgroundConsumer = {consumer!r}"
+    problem = _signature_problem(consumer.__init__, _CONSUMER_PARAMETERS)
+    if problem:
+        return f"BackgroundConsumer.__init__ with {problem}"
+    create = inspect.unwrap(getattr(getattr(iterators, "BufferedIterator", None), "_create_consumer", None))
+    if "BackgroundConsumer" not in getattr(getattr(create, "__code__", None), "co_names", ()):
+        return "a BufferedIterator._create_consumer that does not start its module's BackgroundConsumer"
+    return None
+
+
+def _until(stop: threading.Event, source: Iterable[Any]) -> Iterator[Any]:
+    """``source``'s items until ``stop`` is set (checked before each one is made)."""
+    items = iter(source)
+    while not stop.is_set():
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item
+
+
+def _drain(buffer: "queue.Queue[Any]") -> None:
+    try:
+        while True:
+            buffer.get_nowait()
+    except queue.Empty:
+        pass
+
+
+def stop_prefetching(timeout_s: float = PREFETCH_EXIT_TIMEOUT_S) -> None:
+    """Stop every running prefetching thread after the batch it is making, and wait for it.
+
+    Runs at exit (``atexit``), before the interpreter finalizes: its batches are no longer
+    wanted, so the buffer is emptied until the thread has ended (it blocks on a full one).
+    """
+    threads = [t for t in list(_prefetchers) if t.is_alive()]
+    for thread in threads:
+        thread.stop_requested.set()
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        while thread.is_alive() and time.monotonic() < deadline:
+            _drain(thread.buffer)
+            thread.join(0.05)
+        if thread.is_alive():
+            logger.warning("fairseq's batch prefetching thread %s still runs after %.0f s; exiting anyway",
+                           thread.name, timeout_s)
+
+
+def _install_prefetch_exit() -> None:
+    class StoppableBackgroundConsumer(iterators.BackgroundConsumer):  # type: ignore[misc, valid-type]
+        """fairseq's batch prefetching thread, which :func:`stop_prefetching` can stop."""
+
+        def __init__(self, queue: "queue.Queue[Any]", source: Iterable[Any], max_len: Optional[int],
+                     cuda_device: Optional[int]) -> None:
+            self.stop_requested = threading.Event()
+            self.buffer = queue
+            super().__init__(queue, _until(self.stop_requested, source), max_len, cuda_device)
+            _prefetchers.add(self)
+
+    setattr(StoppableBackgroundConsumer, _MARK, "PREFETCH_EXIT")
+    iterators.BackgroundConsumer = StoppableBackgroundConsumer
+    # Registered after torch's and multiprocessing's exit handlers, so it runs before them,
+    # while DataLoader workers still serve the batch the thread waits for.
+    atexit.register(stop_prefetching)
+
+
 # ----------------------------------------------------------------------------- the list
 
 
@@ -534,6 +619,22 @@ PATCHES: Tuple[Patch, ...] = (
         guard=_bf16_device_guard,
         install=_install_bf16_device,
         active=_bf16_device_active,
+        refuse=False,
+    ),
+    Patch(
+        name="PREFETCH_EXIT",
+        target="fairseq.data.iterators.BackgroundConsumer (the thread of BufferedIterator)",
+        changes=("the prefetching thread fairseq starts for each epoch's batches can be stopped after the "
+                 "batch it is making; at exit (atexit) every running one is stopped and waited for"),
+        why=("the thread is a daemon making batches with torch ops that release the GIL: if a command ends "
+             "while it makes one (fairseq-train stopping at --max-update mid-epoch), Python < 3.14 ends the "
+             "thread inside torch's C++ as the op returns and the process aborts after a finished run "
+             "('terminate called without an active exception', SIGABRT, exit status 134)"),
+        expected=("a threading.Thread BackgroundConsumer(queue, source, max_len, cuda_device) that "
+                  "BufferedIterator._create_consumer starts by its module global (fairseq 0.12)"),
+        guard=_prefetch_exit_guard,
+        install=_install_prefetch_exit,
+        active=lambda: _marked(iterators.BackgroundConsumer, "PREFETCH_EXIT"),
         refuse=False,
     ),
 )

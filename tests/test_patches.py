@@ -10,6 +10,7 @@ import logging
 import os
 import pathlib
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from fairseq.data import FairseqDataset
+from fairseq.data import FairseqDataset, iterators
 from fairseq.dataclass import utils as dataclass_utils
 from fairseq.file_io import PathManager
 from fairseq.tasks import FairseqTask
@@ -30,7 +31,8 @@ from fairseq_rope.checkpoints import UnsafeCheckpointError
 from fairseq_rope.patches import PatchError, PatchWarning, apply_patches, applied_patches, get_patch
 from tests.conftest import BIN_DIR, REPO, TINY_TRAINING
 
-NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "BROADCAST_LOAD", "ATOMIC_COPY", "RESUME_BATCHES", "BF16_DEVICE"]
+NAMES = ["SAFE_GLOBALS", "SAFE_LOADER", "BROADCAST_LOAD", "ATOMIC_COPY", "RESUME_BATCHES", "BF16_DEVICE",
+         "PREFETCH_EXIT"]
 REFUSING = {"SAFE_GLOBALS", "SAFE_LOADER"}  # safety: refuse; the others warn and skip
 
 
@@ -54,6 +56,7 @@ def test_the_list_is_complete_and_each_entry_says_what_why_and_how_to_opt_out():
 PROBE = """
 import argparse, json, torch
 from fairseq import checkpoint_utils
+from fairseq.data import iterators
 from fairseq.dataclass import utils as dataclass_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
@@ -61,7 +64,7 @@ from fairseq.tasks import FairseqTask
 before = dict(load=checkpoint_utils.load_checkpoint_to_cpu, torch=checkpoint_utils.torch,
               distributed_torch=distributed_utils.torch,
               copy=PathManager.copy, batches=FairseqTask.get_batch_iterator,
-              overrides=dataclass_utils.override_module_args,
+              overrides=dataclass_utils.override_module_args, consumer=iterators.BackgroundConsumer,
               safe_globals=list(torch.serialization.get_safe_globals()))
 import fairseq_rope
 from fairseq_rope.patches import applied_patches
@@ -74,6 +77,7 @@ untouched = {
     "ATOMIC_COPY": PathManager.copy is before["copy"],
     "RESUME_BATCHES": FairseqTask.get_batch_iterator is before["batches"],
     "BF16_DEVICE": dataclass_utils.override_module_args is before["overrides"],
+    "PREFETCH_EXIT": iterators.BackgroundConsumer is before["consumer"],
 }
 print(json.dumps({"applied": list(applied_patches()), "untouched": untouched}))
 """
@@ -120,7 +124,7 @@ def test_applying_again_changes_nothing():
     targets = lambda: (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,  # noqa: E731
                        PathManager.copy, FairseqTask.get_batch_iterator,
                        dataclass_utils.override_module_args,
-                       list(torch.serialization.get_safe_globals()))
+                       list(torch.serialization.get_safe_globals()), iterators.BackgroundConsumer)
     before = targets()
     assert apply_patches({}) == tuple(NAMES) == applied_patches()
     assert targets() == before
@@ -198,6 +202,18 @@ def test_bf16_device_warns_and_skips_when_bf16_no_longer_implies_tpu(monkeypatch
     with pytest.warns(PatchWarning, match=r"patch BF16_DEVICE cannot be applied .* no longer implies --tpu"):
         assert get_patch("BF16_DEVICE").apply() is False
     assert dataclass_utils.override_module_args is original
+
+
+def test_prefetch_exit_warns_and_skips_another_background_consumer(monkeypatch):
+    class BackgroundConsumer(threading.Thread):
+        def __init__(self, queue, source, max_len, cuda_device, pin_memory):
+            super().__init__()
+
+    monkeypatch.setattr(iterators, "BackgroundConsumer", BackgroundConsumer)
+    with pytest.warns(PatchWarning, match=r"patch PREFETCH_EXIT cannot be applied .* parameters "
+                                          r"\('self', 'queue', 'source', 'max_len', 'cuda_device', 'pin_memory'\)"):
+        assert get_patch("PREFETCH_EXIT").apply() is False
+    assert iterators.BackgroundConsumer is BackgroundConsumer and "PREFETCH_EXIT" not in applied_patches()
 
 
 # ---------------------------------------------------------------- safe loading leaves os.environ alone
@@ -391,3 +407,69 @@ def test_bf16_keeps_fairseqs_tpu_where_torch_xla_is_installed(monkeypatch):
     monkeypatch.setattr(patches, "_xla_installed", lambda: False)
     dataclass_utils.override_module_args(args)
     assert not args.tpu
+
+
+# ---------------------------------------------------------------- PREFETCH_EXIT: no abort at exit
+
+
+# fairseq's own BufferedIterator over batches that each take one long torch op (which releases
+# the GIL) to make: the process exits after the first batch, while its thread makes another.
+PREFETCHING_AT_EXIT = """
+import torch
+torch.set_num_threads(1)
+import fairseq_rope
+from fairseq.data.iterators import BufferedIterator
+
+def slow_batches():
+    a = torch.randn(1500, 1500)
+    for _ in range(100):
+        yield a @ a
+
+class Batches:
+    def __len__(self):
+        return 100
+    def __iter__(self):
+        return slow_batches()
+
+next(BufferedIterator(20, Batches()))
+print("done", flush=True)
+"""
+
+
+def exit_while_prefetching(**env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAIRSEQ_ROPE_NO_")}
+    return subprocess.run([sys.executable, "-c", PREFETCHING_AT_EXIT], cwd=REPO, capture_output=True,
+                          text=True, env={**clean, "OMP_NUM_THREADS": "1", **env})
+
+
+def test_a_process_ending_while_fairseq_prefetches_a_batch_exits_cleanly():
+    run = exit_while_prefetching()
+    assert run.returncode == 0 and run.stdout == "done\n", run.stderr[-3000:]
+    assert "terminate called" not in run.stderr
+
+
+def test_without_the_patch_fairseq_aborts_there():
+    """The failure PREFETCH_EXIT prevents, with fairseq's own iterator: the thread is ended in torch's C++."""
+    run = exit_while_prefetching(FAIRSEQ_ROPE_NO_PREFETCH_EXIT="1")
+    assert run.returncode == -signal.SIGABRT and run.stdout == "done\n"
+    assert "terminate called without an active exception" in run.stderr
+
+
+def test_stopping_ends_a_thread_blocked_on_a_full_buffer_before_its_epoch_ends():
+    made = []
+
+    class Batches:
+        def __len__(self) -> int:
+            return 1000
+
+        def __iter__(self):
+            for i in range(1000):
+                made.append(i)
+                yield torch.tensor([i])
+
+    batches = iterators.BufferedIterator(3, Batches())
+    assert int(next(batches)) == 0
+    thread = batches._consumer
+    patches.stop_prefetching()
+    assert not thread.is_alive()
+    assert len(made) < 10  # stopped, not run to the end of the epoch
