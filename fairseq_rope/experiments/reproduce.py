@@ -242,6 +242,8 @@ def summarize_run(
     recorded none keeps what an earlier ``run.json`` of it says. A run of a converged scale
     (``convergence``: :func:`convergence_of`) also gets its valid BLEU curve and,
     under ``equal_budget``, the scores and training time of its ``eval-budget/`` evaluation.
+    Its ``date`` is when the test set was scored (the evaluation's own), so re-recording a
+    finished cell (rerunning its command) keeps it.
     """
     results = _read_json(save_dir / EVAL_DIR / "results.json")
     log = read_train_log(save_dir)
@@ -269,7 +271,7 @@ def summarize_run(
         **_scores(results),
         "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
         "reproduce_command": command_line,
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "date": results.get("date") or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     if length is not None:
         summary["bleu_by_length"] = length

@@ -317,7 +317,8 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     checkpoint = save / "checkpoint_avg_last5.pt"
     torch.save({"model": state}, checkpoint)
     (save / "eval" / "results.json").write_text(json.dumps(
-        {"bleu_tokenized": 12.5, "sacrebleu": 11.0, "checkpoint": str(checkpoint), "num_sentences": 500}))
+        {"bleu_tokenized": 12.5, "sacrebleu": 11.0, "checkpoint": str(checkpoint), "num_sentences": 500,
+         "date": "2026-01-02T03:04:05+00:00"}))
     (save / "eval" / "run.json").unlink()
     command = reproduce.reproduce_command(ROWS["sinusoidal"], SCALES["demo"], 3, ["--max-update", "150"])
     summary = reproduce.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 3, save,
@@ -332,6 +333,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
     assert summary["bleu_tokenized"] == 12.5 and summary["sacrebleu"] == 11.0
+    assert summary["date"] == "2026-01-02T03:04:05+00:00"  # when the test set was scored, not now
     assert summary["train_threads"] is None and summary["code_commit"] is None  # not logged: not guessed
     assert summary["train_invocations"] == 2 and summary["train_invocations_recorded"] == 0
     assert shlex.split(summary["reproduce_command"]) == [
