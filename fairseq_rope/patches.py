@@ -502,6 +502,7 @@ def stop_prefetching(timeout_s: float = PREFETCH_EXIT_TIMEOUT_S) -> None:
 
     Runs at exit (``atexit``), before the interpreter finalizes: its batches are no longer
     wanted, so the buffer is emptied until the thread has ended (it blocks on a full one).
+    An iterator whose thread it stopped cannot be read any more: call it only when done.
     """
     threads = [t for t in list(_prefetchers) if t.is_alive()]
     for thread in threads:
