@@ -81,7 +81,6 @@ import threading
 import time
 import types
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
@@ -462,7 +461,6 @@ def _bf16_device_active() -> bool:
 _CONSUMER_PARAMETERS = ("self", "queue", "source", "max_len", "cuda_device")
 # How long exit waits for a prefetching thread to finish the batch it is making.
 PREFETCH_EXIT_TIMEOUT_S = 60.0
-_prefetchers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 
 
 def _prefetch_exit_guard() -> Optional[str]:
@@ -504,7 +502,7 @@ def stop_prefetching(timeout_s: float = PREFETCH_EXIT_TIMEOUT_S) -> None:
     wanted, so the buffer is emptied until the thread has ended (it blocks on a full one).
     An iterator whose thread it stopped cannot be read any more: call it only when done.
     """
-    threads = [t for t in list(_prefetchers) if t.is_alive()]
+    threads = [t for t in threading.enumerate() if _marked(t, "PREFETCH_EXIT")]
     for thread in threads:
         thread.stop_requested.set()
     deadline = time.monotonic() + timeout_s
@@ -526,7 +524,6 @@ def _install_prefetch_exit() -> None:
             self.stop_requested = threading.Event()
             self.buffer = queue
             super().__init__(queue, _until(self.stop_requested, source), max_len, cuda_device)
-            _prefetchers.add(self)
 
     setattr(StoppableBackgroundConsumer, _MARK, "PREFETCH_EXIT")
     iterators.BackgroundConsumer = StoppableBackgroundConsumer
