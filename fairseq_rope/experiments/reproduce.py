@@ -311,12 +311,17 @@ def _sha256(path: Optional[str]) -> Optional[str]:
     return sha256_file(Path(path)) if path and Path(path).is_file() else None
 
 
+#: How a record's tokens/s was averaged; records without it (made before 2026-11-26) took every epoch.
+FULL_EPOCHS = "full epochs: those of at least half the updates of the longest"
+
+
 def _speed(log: TrainLog, upto: Optional[int] = None) -> Dict[str, Any]:
-    """Mean of the epoch summaries' wps (to update ``upto``), and the slowest and fastest epoch:
+    """Mean of the full epochs' wps (to update ``upto``), and the slowest and fastest of them:
     far apart when the CPU was shared part of the time or the run resumed on other hardware."""
-    wps = [w for updates, w in log.epoch_wps.items() if upto is None or updates <= upto]
+    wps = log.full_epoch_wps(upto)
     return {"train_tokens_per_second": statistics.fmean(wps) if wps else None,
-            "train_tokens_per_second_range": [min(wps), max(wps)] if wps else None}
+            "train_tokens_per_second_range": [min(wps), max(wps)] if wps else None,
+            "train_tokens_per_second_epochs": FULL_EPOCHS}
 
 
 def _cumulative_training_time(checkpoint: Mapping[str, Any]) -> Optional[float]:

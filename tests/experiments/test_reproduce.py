@@ -260,6 +260,23 @@ def test_parse_train_log():
     assert log.valid_loss == {60: 8.5, 120: 7.0}  # the resumed run's value wins
 
 
+def test_tokens_per_second_leave_out_an_epoch_cut_short_by_the_end_of_training():
+    # Epochs of 72 updates, the last cut to 3 by --max-update: its summary is timed mostly on
+    # the validation and checkpoint every epoch pays once (the demo's: 13,725 wps, against ~28k).
+    lines = [f"2026-01-01 00:00:0{k} | INFO | train | epoch 00{k} | loss 2.0 | wps {wps} | "
+             f"num_updates {end} | train_wall 9 | wall 10"
+             for k, (end, wps) in enumerate([(72, 28000), (144, 29000), (216, 27000), (219, 13725)], 1)]
+    log = train_log.parse_train_log(lines)
+    assert log.full_epoch_wps() == [28000.0, 29000.0, 27000.0]
+    assert log.full_epoch_wps(upto=144) == [28000.0, 29000.0]
+    speed = reproduce._speed(log)
+    assert speed["train_tokens_per_second"] == 28000.0
+    assert speed["train_tokens_per_second_range"] == [27000.0, 29000.0]
+    # An epoch of half the longest's updates still counts.
+    log.epoch_wps[255] = 14000.0
+    assert log.full_epoch_wps()[-1] == 14000.0
+
+
 @pytest.fixture(scope="module")
 def tiny_state(dict_dir):
     """A transformer_tiny state dict with shared embeddings, and its parameter count."""
@@ -329,6 +346,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["arch"] == "arch_sinusoidal" and summary["config"] == "sinusoidal_demo"
     assert summary["train_tokens_per_second"] == 25000.0  # mean of the two epoch summaries
     assert summary["train_tokens_per_second_range"] == [20000.0, 30000.0]
+    assert summary["train_tokens_per_second_epochs"] == reproduce.FULL_EPOCHS
     # No training time in the checkpoint: the sum of fairseq-train's "done training in".
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
