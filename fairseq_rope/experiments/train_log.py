@@ -38,6 +38,8 @@ class TrainLog:
     num_updates: Optional[int] = None
     valid_loss: Dict[int, float] = field(default_factory=dict)  # num_updates -> loss
     valid_bleu: Dict[int, float] = field(default_factory=dict)  # num_updates -> --eval-bleu's BLEU
+    # One per train.sh invocation (its header line): PROVENANCE_KEYS as far as it recorded them.
+    invocations: List[Dict[str, Any]] = field(default_factory=list)
 
     def full_epoch_wps(self, upto: Optional[int] = None) -> List[float]:
         """The epoch summaries' wps to update ``upto``, without epochs cut short.
@@ -51,8 +53,6 @@ class TrainLog:
         updates = {end: end - start for start, end in zip([0] + ends, ends)}
         longest = max(updates.values(), default=0)
         return [self.epoch_wps[end] for end in ends if 2 * updates[end] >= longest]
-    # One per train.sh invocation (its header line): PROVENANCE_KEYS as far as it recorded them.
-    invocations: List[Dict[str, Any]] = field(default_factory=list)
 
 
 def read_train_log(save_dir: Path) -> TrainLog:
