@@ -25,6 +25,8 @@ dimensions of each head are rotated; the rest pass through unchanged.
 Angles are always computed in fp32 (fp64 for fp64 inputs), whatever the dtype
 of q and k: in fp16 the position 20000 is not even representable to the unit,
 let alone its product with θ_1. Only the final cos/sin are cast to q's dtype.
+In the interleaved layout fp16 and bf16 pairs are rotated in fp32 too, by the
+fp32 e^{imθ}, and rounded once: as a decoding step rotates them.
 
 For inputs longer than training, the frequencies can be scaled
 (:mod:`fairseq_rope.rope_scaling`): a fixed scale changes only the shared
@@ -140,7 +142,7 @@ def _rotate_all(
 
 
 class _Rotation(torch.autograd.Function):
-    """Eq. 34 without temporaries; the backward is the inverse rotation (Rᵀ = R⁻¹)."""
+    """Eq. 34 applied by :func:`_rotate`; the backward is the inverse rotation (Rᵀ = R⁻¹)."""
 
     @staticmethod
     def forward(
@@ -158,15 +160,12 @@ class _Rotation(torch.autograd.Function):
         return (None, None, None, None, None, *rotated_back)
 
 
-# Dtypes whose pairs can be viewed as complex numbers: one complex multiply
-# then rotates every pair in a single pass (Eq. 16's form, e^{imθ} · (x1 + i x2)).
-_COMPLEX_DTYPES = (torch.float32, torch.float64)
-
-
 def _rotate(
     x: Tensor, cos: Tensor, sin: Tensor, cis: Optional[Tensor], layout: Layout, inverse: bool
 ) -> Tensor:
-    """R x (or Rᵀ x when ``inverse``): one pass over x, no temporaries of its size."""
+    """R x (or Rᵀ x when ``inverse``): one complex multiply in the interleaved layout
+    (fp16/bf16 through an fp32 copy, rounded once), four in-place real kernels in the
+    half layout."""
     rope_dim = 2 * cos.size(-1)
     if x.stride(-1) != 1:
         # One copy is cheaper than element-wise kernels on a strided last dim
@@ -174,15 +173,17 @@ def _rotate(
         x = x.contiguous()
     partial = rope_dim < x.size(-1)
     rotated, passthrough = (x[..., :rope_dim], x[..., rope_dim:]) if partial else (x, None)
-    if layout == "interleaved" and x.dtype in _COMPLEX_DTYPES:
-        cis = torch.complex(cos, sin) if cis is None else cis
-        out = torch.view_as_real(_as_complex(rotated) * (cis.conj() if inverse else cis)).flatten(-2)
+    if layout == "interleaved":
+        # fp16/bf16 have no complex counterpart: their pairs are multiplied in fp32 and
+        # rounded once, which on a GPU also beats four strided real kernels (docs/design.md).
+        compute = angle_dtype(x.dtype)
+        if cis is None:
+            cis = torch.complex(cos.to(compute), sin.to(compute))
+        product = _as_complex(rotated.to(compute)) * (cis.conj() if inverse else cis)
+        out = torch.view_as_real(product).flatten(-2).to(x.dtype)
     else:
         out = torch.empty_like(rotated)
-        if layout == "interleaved":
-            (a, b), (out_a, out_b) = (t.unflatten(-1, (-1, 2)).unbind(-1) for t in (rotated, out))
-        else:
-            (a, b), (out_a, out_b) = rotated.chunk(2, dim=-1), out.chunk(2, dim=-1)
+        (a, b), (out_a, out_b) = rotated.chunk(2, dim=-1), out.chunk(2, dim=-1)
         # out_a = a cos − b sin, out_b = b cos + a sin (sin negated for the inverse).
         torch.mul(a, cos, out=out_a)
         out_a.addcmul_(b, sin, value=1 if inverse else -1)
@@ -223,10 +224,12 @@ class _CosSinTable:
     def __init__(self, inv_freq: Tensor, dtype: torch.dtype, capacity: int) -> None:
         positions = torch.arange(capacity, device=inv_freq.device)
         angles = rotation_angles(positions, inv_freq)
-        self.cos = angles.cos().to(dtype)
-        self.sin = angles.sin().to(dtype)
-        # e^{i mθ} for the complex-multiply path (see _rotate), where the dtype has one.
-        self.cis = torch.complex(self.cos, self.sin) if dtype in _COMPLEX_DTYPES else None
+        cos, sin = angles.cos(), angles.sin()
+        self.cos = cos.to(dtype)
+        self.sin = sin.to(dtype)
+        # e^{i mθ} in the angles' precision, for the interleaved layout's complex
+        # multiply (see _rotate): every pair in one pass (Eq. 16's form, e^{imθ} · (x1 + i x2)).
+        self.cis = torch.complex(cos, sin)
         self._inv_freq = inv_freq
         self._steps: Dict[Tuple[float, int, str], Tuple[Any, ...]] = {}
 
@@ -324,16 +327,15 @@ def cos_sin(
 def _cached_angles(
     length: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, offset: int,
     scaling: Optional[RopeScaling] = None,
-) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """:func:`cos_sin` and, for dtypes with a complex counterpart, cos + i·sin."""
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`cos_sin` and cos + i·sin in the angles' precision (fp32, or fp64)."""
     # Slices taken under inference mode are not for autograd: a separate entry.
     lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled(), scaling)
     if _LAST_LOOKUP[0] == lookup:
         return _LAST_LOOKUP[1]
     needed = offset + length
     table = _table(rope_dim, theta, device, dtype, needed, scaling)
-    cis = None if table.cis is None else table.cis[offset:needed]
-    angles = (table.cos[offset:needed], table.sin[offset:needed], cis)
+    angles = (table.cos[offset:needed], table.sin[offset:needed], table.cis[offset:needed])
     _LAST_LOOKUP[:] = [lookup, angles]
     return angles
 

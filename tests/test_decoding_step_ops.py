@@ -222,6 +222,8 @@ def test_half_precision_decoding_matches_fp64_and_the_general_path(monkeypatch, 
     assert_within(lean_keys, expected, bound)
     assert_within(general_keys.detach(), expected, bound)
     assert_within(lean_keys, general_keys.detach().double(), 2 * bound)
+    if layout == "interleaved":  # both rotate in fp32 by the same e^{imθ}, rounding once
+        assert torch.equal(lean_keys, general_keys.detach())
     # Beyond the keys, the outputs go through the same fp16/bf16 matmuls and softmax
     # on both paths: what differs is the query's rotation, a few roundings.
     eps = torch.finfo(dtype).eps

@@ -139,6 +139,32 @@ def test_angles_at_position_20000_match_fp64_in_low_precision(dtype):
     torch.testing.assert_close(y.double(), ref, atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("offset", [0, 1000, 20000])
+def test_half_precision_interleaved_rotation_is_rounded_once(dtype, offset):
+    """fp16/bf16 pairs are rotated in fp32 and rounded once, forward and backward (the
+    inverse rotation): within half a unit in the last place of fp64 math, beyond what
+    fp32 angles are off by (about m·2^-24 rad at position m). Four real kernels on the
+    dtype's rounded cos/sin would be off by up to three units near position 0."""
+    torch.manual_seed(0)
+    d, length = 64, 40
+    x = (4 * torch.randn(2, 3, length, d)).to(dtype).requires_grad_()
+    upstream = (4 * torch.randn(x.shape)).to(dtype)
+    out, _ = RotaryEmbedding(d).encode_qk(x, x.detach(), offset)
+    out.backward(upstream)
+    positions = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]
+    angles = positions * 10000.0 ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)  # Eq. 15
+    u = torch.finfo(dtype).eps / 2
+    for got, given, sign in ((out, x, 1), (x.grad, upstream, -1)):  # the gradient turns back
+        pairs = given.detach().double().unflatten(-1, (-1, 2))
+        expected = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * torch.polar(
+            torch.ones_like(angles), sign * angles)).flatten(-2)
+        magnitude = pairs.abs().sum(-1).repeat_interleave(2, -1)
+        bound = u * expected.abs() + (2**-20 + positions * 2**-22) * magnitude + torch.finfo(dtype).tiny
+        worst = ((got.double() - expected).abs() / bound).max().item()
+        assert got.dtype == dtype and worst <= 1, f"off by {worst:.2f}x one rounding"
+
+
 def test_cache_grows_on_demand_and_follows_dtype():
     rotary.clear_cos_sin_cache()
     cos, _ = cos_sin(10, 8, 10000.0, torch.device("cpu"), torch.float32)

@@ -49,8 +49,8 @@ def test_one_table_per_device_and_dtype_each_on_its_device_in_its_dtype(device, 
     assert len({id(table) for table in rotary._TABLES.values()}) == len(rotary._TABLES)
     for (_, _, where, dtype, _), table in rotary._TABLES.items():
         assert (table.cos.device, table.cos.dtype, table.sin.device, table.sin.dtype) == (where, dtype, where, dtype)
-        if table.cis is not None:  # the complex form, for dtypes that have one
-            assert table.cis.device == where and table.cis.dtype == torch.complex64
+        # e^{imθ} in the angles' precision (fp32) whatever the dtype: the interleaved rotation's.
+        assert table.cis.device == where and table.cis.dtype == torch.complex64
 
 
 def test_alternating_devices_and_dtypes_get_their_own_tables_through_the_encoding(device, empty_cache):
