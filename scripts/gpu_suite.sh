@@ -7,7 +7,9 @@
 # Steps, in this order, each time-boxed so that what finished is written even if a
 # later step does not finish:
 #   install    fairseq-rope from the wheelhouse (`make wheelhouse`) into a prefix beside the
-#              node's torch (scripts/install_wheelhouse.sh); skipped where it already imports
+#              node's torch (scripts/install_wheelhouse.sh); skipped where it already imports.
+#              Every step then runs the checkout's own fairseq_rope: the wheelhouse
+#              brings what it needs, a copy made before the last edit is never measured
 #   test       pytest -m gpu (tests/gpu): exactness on CUDA in fp32, fp16 and bf16
 #              -> OUT/test.log, OUT/test.xml
 #   benchmark  scripts/benchmark.py at base size, fp32, fp16 and bf16, against the stock
@@ -83,6 +85,9 @@ step_table() {
 
 if [[ ${1:-} == __step ]]; then  # one step, as the loop below runs it (under timeout)
     [[ -f $STATE/env.sh ]] && source "$STATE/env.sh"
+    # The checkout's fairseq_rope, not the wheelhouse's copy: a wheelhouse made before the
+    # last edit would otherwise be what scripts/benchmark.py and the table import.
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     "step_$2"
     exit
 fi
@@ -106,7 +111,7 @@ while [[ $# -gt 0 ]]; do
         --parallel) PARALLEL=$2; shift 2 ;;
         --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
         --state) STATE=$2; shift 2 ;;
-        -h|--help) sed -n '2,27p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (--help for usage)" >&2; exit 2 ;;
     esac
 done

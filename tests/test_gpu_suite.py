@@ -57,6 +57,21 @@ def test_finished_steps_are_skipped_and_unfinished_ones_reported(tmp_path):
     assert "all steps finished" in log
 
 
+def test_steps_run_the_checkouts_code_not_a_stale_wheelhouse_copy(tmp_path):
+    """The install step puts the wheelhouse's fairseq_rope on PYTHONPATH (state/env.sh);
+    a wheelhouse made before the last edit must not be what the benchmark measures."""
+    stale = tmp_path / "prefix" / "fairseq_rope"
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text('raise ImportError("the wheelhouse copy of fairseq_rope ran")\n')
+    state = tmp_path / "state"
+    (state / "dry-run" / "done").mkdir(parents=True)  # --dry-run keeps its state apart
+    (state / "dry-run" / "env.sh").write_text(f'export PYTHONPATH="{stale.parent}"\n')
+    run = suite("--dry-run", "--step", "benchmark", "--out", str(tmp_path / "out"), "--state", str(state))
+    log = (tmp_path / "out" / "suite.log").read_text()
+    assert run.returncode == 0 and "benchmark: done" in log, run.stderr[-2000:]
+    assert list((tmp_path / "out" / "benchmarks").glob("*.md"))
+
+
 def test_the_wheelhouse_ships_fairseq_and_its_nmt_stack_but_not_the_nodes_torch():
     shipped = wheelhouse.closure()
     assert {"fairseq-rope", "fairseq-fixed", "hydra-core", "omegaconf", "antlr4-python3-runtime",
