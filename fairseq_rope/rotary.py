@@ -510,11 +510,12 @@ class RotaryEmbedding(PositionEncoding):
         q_scale = q_scale * self._q_factor  # exact for 1.0: unscaled steps are unchanged
         if self.layout == "half":
             return self._half_step(qk, offset, q_scale)
-        dtype = angle_dtype(qk.dtype)  # the complex table's: fp32, or fp64
+        # qk's own table, the one its full passes use: its e^{imθ} is fp32 (fp64) whatever qk's dtype.
         multipliers = _step_multipliers(
-            offset, self.rope_dim, self.theta, qk.device, dtype, q_scale, self.head_dim, "interleaved",
+            offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "interleaved",
             self._table_scaling,
         )
+        dtype = angle_dtype(qk.dtype)
         if qk.dtype == dtype:
             pairs = _as_complex(qk)
             # Written as (2, B, H, ·) memory: the step's q and k each come out contiguous.
