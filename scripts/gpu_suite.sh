@@ -14,6 +14,9 @@
 #              -> OUT/test.log, OUT/test.xml
 #   benchmark  scripts/benchmark.py at base size, fp32, fp16 and bf16, against the stock
 #              Transformer -> OUT/benchmarks/ (and docs/benchmarks/<gpu>.md)
+#   profile    scripts/profile_step.py at base size in fp16, bf16 and fp32: each operator's
+#              CPU time, calls and CUDA time per training step and beam search, RoPE
+#              against stock -> OUT/benchmarks/profile-base-<gpu>-DTYPE.md (and docs/benchmarks/)
 #   table      the multi30k-converged table: every row x SEEDS seeds (default 5), PARALLEL
 #              runs at once on the GPU (default 4); needs --raw-dir, the six Multi30k release
 #              files -> OUT/results/ (the table, plots, and every run's record under runs/)
@@ -26,13 +29,14 @@
 #
 # --dry-run: every step at tiny size on the CPU, which is how CI checks this script:
 # the test step runs tests/gpu with FAIRSEQ_ROPE_GPU_TESTS_DEVICE=cpu, the benchmark
-# its --smoke preset, the table every row at the demo scale for a few updates.
+# its --smoke preset, the profile fp32 at tiny size, the table every row at the demo
+# scale for a few updates.
 set -euo pipefail
 SELF=$(realpath "${BASH_SOURCE[0]}")
 cd "$(dirname "$SELF")/.."
-ALL_STEPS=(install test benchmark table)
+ALL_STEPS=(install test benchmark profile table)
 # Seconds each step may take: within a 10-minute job.
-declare -A LIMIT=([install]=570 [test]=540 [benchmark]=540 [table]=570)
+declare -A LIMIT=([install]=570 [test]=540 [benchmark]=540 [profile]=540 [table]=570)
 
 log() { echo "[gpu_suite $(date -u +%H:%M:%S)] $*" | tee -a "$OUT_DIR/suite.log" >&2; }
 
@@ -56,6 +60,19 @@ step_benchmark() {
         "$PY" scripts/benchmark.py --size base --device cuda --dtypes fp32,fp16,bf16 --out-dir "$OUT_DIR/benchmarks"
         cp "$OUT_DIR"/benchmarks/*.md docs/benchmarks/
     fi
+}
+
+step_profile() {
+    mkdir -p "$OUT_DIR/benchmarks"
+    if [[ $DRY_RUN == 1 ]]; then
+        "$PY" scripts/profile_step.py --size tiny --length 4 --steps 1 --out "$OUT_DIR/benchmarks/profile-dry-run.md"
+        return
+    fi
+    local dtype
+    for dtype in fp16 bf16 fp32; do
+        "$PY" scripts/profile_step.py --size base --device cuda --dtype "$dtype" --out-dir "$OUT_DIR/benchmarks"
+    done
+    cp "$OUT_DIR"/benchmarks/profile-base-*.md docs/benchmarks/
 }
 
 run_one() {  # ROW SEED: one cell of the table, its output in OUT/run-ROW-seedSEED.log
@@ -111,7 +128,7 @@ while [[ $# -gt 0 ]]; do
         --parallel) PARALLEL=$2; shift 2 ;;
         --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
         --state) STATE=$2; shift 2 ;;
-        -h|--help) sed -n '2,29p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (--help for usage)" >&2; exit 2 ;;
     esac
 done

@@ -25,7 +25,7 @@ def suite(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_bad_command_lines_are_refused_before_anything_runs(tmp_path):
     for args, message in (
-        (["--step", "train"], "unknown step train (steps: install test benchmark table)"),
+        (["--step", "train"], "unknown step train (steps: install test benchmark profile table)"),
         (["--step", "table"], "the table step needs --raw-dir DIR"),
         (["--frobnicate"], "unknown argument --frobnicate"),
     ):
@@ -91,12 +91,13 @@ def test_dry_run_runs_every_step_at_tiny_size_and_a_rerun_skips_them(tmp_path):
     tests = ElementTree.parse(out / "test.xml").getroot().find("testsuite")
     assert int(tests.get("tests")) > 0 and tests.get("failures") == tests.get("errors") == "0"
     assert list((out / "benchmarks").glob("*.md"))
+    assert "## Training step" in (out / "benchmarks" / "profile-dry-run.md").read_text()
     assert (out / "results" / "demo.md").is_file()
     runs = {json.loads(p.read_text())["row"] for p in (out / "results" / "runs" / "demo").glob("*/seed1/run.json")}
     assert runs == {"sinusoidal", "rope", "rpe", "learned"}
     again = suite("--dry-run", "--out", str(out), "--state", str(state))
     assert again.returncode == 0
-    assert (out / "suite.log").read_text().count("finished by an earlier run") == 4
+    assert (out / "suite.log").read_text().count("finished by an earlier run") == 5
 
 
 @pytest.mark.slow

@@ -198,12 +198,14 @@ def decode_sample(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]
     return utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
 
 
-def diagnostic_trainer(size: str, name: str, seed: int, prefix: str):
-    """(trainer, task) of one row at ``size`` as the diagnostics build it: fp32 on CPU, dropout
-    0.1, 2048 tokens per batch, on a fresh synthetic dictionary of the size's vocabulary."""
+def diagnostic_trainer(size: str, name: str, seed: int, prefix: str,
+                       device: torch.device = torch.device("cpu"), dtype: str = "fp32"):
+    """(trainer, task) of one row at ``size`` as the diagnostics build it (fp32 on CPU unless
+    told otherwise), dropout 0.1, 2048 tokens per batch, on a fresh synthetic dictionary of
+    the size's vocabulary."""
     row = {row.name: row for row in rows_for(size)}[name]
     data_dir = write_dictionary(Path(tempfile.mkdtemp(prefix=prefix)), VOCAB[size])
-    return build_trainer(train_argv(data_dir, row, torch.device("cpu"), "fp32", 0.1, 2048, seed), seed)
+    return build_trainer(train_argv(data_dir, row, device, dtype, 0.1, 2048, seed), seed)
 
 
 def forced_length_generator(task, model, length: int, beam: int = 4, lenpen: float = 0.6):

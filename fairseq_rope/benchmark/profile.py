@@ -4,15 +4,20 @@ Where :mod:`~fairseq_rope.benchmark.phases` splits a decode by module, this
 splits a training step (forward, backward, Adam) and a decode by torch
 operator: ``torch.profiler``'s self CPU time and call count per operator, per
 step, for the stock ``sinusoidal`` row and ``rope``, built and fed as the
-benchmark builds and feeds them. Operators only one row runs are where the
-encodings differ (sinusoidal: the position table lookup and add; RoPE: the
-complex multiply of the rotation and its inverse in the backward); the rest
-shows whether RoPE's layers do more or less of the shared work. Self CPU time
-counts operators only: Python between them is the difference of wall time
-and operator time, reported too.
+benchmark builds and feeds them, in fp32, fp16 or bf16. On a GPU it also gives
+each operator's self CUDA time (the kernels it launched): where a step is
+CPU-bound there (fairseq's is on an H100 at a few thousand tokens), the self
+CPU times and the call counts are what set its speed. Operators only one row
+runs are where the encodings differ (sinusoidal: the position table lookup
+and add; RoPE: the complex multiply of the rotation and its inverse in the
+backward); the rest shows whether RoPE's layers do more or less of the shared
+work. Self CPU time counts operators only: Python between them is the
+difference of wall time and operator time, reported too.
 
-``scripts/profile_step.py [--size tiny] [--length 64] [--steps 5] [--top 25]``
-writes ``docs/benchmarks/profile-SIZE.md``.
+``scripts/profile_step.py [--size tiny] [--length 64] [--steps 5] [--top 25]
+[--device cpu|cuda] [--dtype fp32|fp16|bf16] [--out-dir DIR]`` writes
+``docs/benchmarks/profile-SIZE.md`` (fp32 on the CPU), else
+``docs/benchmarks/profile-SIZE-DEVICE-DTYPE.md`` (DEVICE: ``cpu`` or the GPU's name).
 """
 
 from __future__ import annotations
@@ -20,58 +25,71 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from fairseq_rope import base
 from fairseq_rope.benchmark import machine, models
-from fairseq_rope.benchmark.timing import interleaved
+from fairseq_rope.benchmark.timing import interleaved, synchronize
 from fairseq_rope.evaluation.report import markdown_table
 
 ROWS = ("sinusoidal", "rope")
 DECODE_SENTENCES = 16
 
-#: Per operator: (self CPU seconds, calls), per step.
-OperatorTimes = Dict[str, Tuple[float, float]]
+#: Per operator: (self CPU seconds, calls, self device seconds), per step; the device's
+#: time is that of the kernels the operator launched itself (0 on the CPU).
+OperatorTimes = Dict[str, Tuple[float, float, float]]
 
 
-def profile_interleaved(calls: Dict[str, Callable[[], object]], steps: int) -> Dict[str, Tuple[OperatorTimes, float]]:
-    """Per candidate: operator self CPU time and calls per step, and wall time per step.
+def profile_interleaved(
+    calls: Dict[str, Callable[[], object]], steps: int, device: torch.device = torch.device("cpu"),
+) -> Dict[str, Tuple[OperatorTimes, float]]:
+    """Per candidate: operator self CPU time, calls and self device time per step, and wall
+    time per step (to the end of the step's kernels on a GPU).
 
     Each step of each candidate is profiled on its own, the candidates taking
     turns (:func:`~fairseq_rope.benchmark.timing.interleaved`), so a slow phase
     of the machine falls on every row alike rather than on whichever ran last."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sums: Dict[str, Dict[str, List[float]]] = {name: {} for name in calls}
     walls = {name: 0.0 for name in calls}
 
     def profiled(name: str) -> Callable[[], None]:
         def call() -> None:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            synchronize(device)
+            with profile(activities=activities) as prof:
                 start = time.perf_counter()
                 calls[name]()
+                synchronize(device)
                 walls[name] += time.perf_counter() - start
             for event in prof.key_averages():
                 if event.key.startswith("aten::"):
-                    seconds_calls = sums[name].setdefault(event.key, [0.0, 0.0])
-                    seconds_calls[0] += event.self_cpu_time_total * 1e-6
-                    seconds_calls[1] += event.count
+                    totals = sums[name].setdefault(event.key, [0.0, 0.0, 0.0])
+                    totals[0] += event.self_cpu_time_total * 1e-6
+                    totals[1] += event.count
+                    totals[2] += event.self_device_time_total * 1e-6
         return call
 
     for call in calls.values():
         call()  # warm, unprofiled: first-call allocations and table builds stay out
-    interleaved({name: profiled(name) for name in calls}, steps, torch.device("cpu"), warmup=0)
-    return {name: ({op: (t / steps, n / steps) for op, (t, n) in sums[name].items()}, walls[name] / steps)
+    interleaved({name: profiled(name) for name in calls}, steps, device, warmup=0)
+    return {name: ({op: (cpu / steps, n / steps, dev / steps) for op, (cpu, n, dev) in sums[name].items()},
+                   walls[name] / steps)
             for name in calls}
 
 
-def measure(size: str, length: int, steps: int, seed: int = 1) -> Dict[str, Dict[str, Tuple[OperatorTimes, float]]]:
+def measure(
+    size: str, length: int, steps: int, seed: int = 1,
+    device: torch.device = torch.device("cpu"), dtype: str = "fp32",
+) -> Dict[str, Dict[str, Tuple[OperatorTimes, float]]]:
     """{"train" | "decode": {row: (operator times, wall seconds per step)}}."""
-    device = torch.device("cpu")
     train: Dict[str, Callable[[], object]] = {}
     decode: Dict[str, Callable[[], object]] = {}
     for name in ROWS:
-        trainer, task = models.diagnostic_trainer(size, name, seed, "profile-")
+        trainer, task = models.diagnostic_trainer(size, name, seed, "profile-", device, dtype)
         batch = models.synthetic_batch(task, length, max(1, 2048 // length), seed)
         generator = models.forced_length_generator(task, trainer.model, length)
         sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
@@ -86,29 +104,67 @@ def measure(size: str, length: int, steps: int, seed: int = 1) -> Dict[str, Dict
 
         decode[name] = decode_call
     with models.quiet():
-        return {"train": profile_interleaved(train, steps), "decode": profile_interleaved(decode, steps)}
+        return {phase: profile_interleaved(calls, steps, device)
+                for phase, calls in (("train", train), ("decode", decode))}
 
 
-def report(results: Dict[str, Tuple[OperatorTimes, float]], top: int) -> List[str]:
-    """The ``top`` operators by the larger of the two rows' time, then totals."""
+def report(results: Dict[str, Tuple[OperatorTimes, float]], top: int, on_device: bool) -> List[str]:
+    """The ``top`` operators by the larger of the two rows' self CPU time, then totals; then
+    every operator the rows call a different number of times (the dispatches one row adds)."""
     (stock_ops, stock_wall), (rope_ops, rope_wall) = (results[name] for name in ROWS)
-    names = sorted(set(stock_ops) | set(rope_ops),
-                   key=lambda op: -max(stock_ops.get(op, (0, 0))[0], rope_ops.get(op, (0, 0))[0]))
+    nothing = (0.0, 0.0, 0.0)
+
+    def cpu(ops: OperatorTimes, op: str) -> float:
+        return ops.get(op, nothing)[0]
 
     def cell(ops: OperatorTimes, op: str) -> str:
-        seconds, calls = ops.get(op, (0.0, 0.0))
+        seconds, calls, _ = ops.get(op, nothing)
         return f"{seconds * 1e3:.2f} ({calls:g})" if calls else "—"
 
-    lines = [[f"`{op}`", cell(stock_ops, op), cell(rope_ops, op)] for op in names[:top]]
+    def row(op: str) -> List[str]:
+        cells = [cell(stock_ops, op), cell(rope_ops, op)]
+        if on_device:
+            cells += [f"{ops.get(op, nothing)[2] * 1e3:.2f}" for ops in (stock_ops, rope_ops)]
+        return [f"`{op}`", *cells]
+
+    def total(column: int, ops_of: Sequence[str]) -> List[str]:
+        return [f"{sum(ops.get(op, nothing)[column] for op in ops_of) * 1e3:.2f}" for ops in (stock_ops, rope_ops)]
+
+    names = sorted(set(stock_ops) | set(rope_ops), key=lambda op: -max(cpu(stock_ops, op), cpu(rope_ops, op)))
     rest = names[top:]
-    lines.append([f"{len(rest)} other operators", *(f"{sum(ops.get(op, (0, 0))[0] for op in rest) * 1e3:.2f}"
-                                                  for ops in (stock_ops, rope_ops))])
-    op_totals = [sum(seconds for seconds, _ in ops.values()) for ops in (stock_ops, rope_ops)]
-    lines.append(["**all operators**", *(f"**{t * 1e3:.2f}**" for t in op_totals)])
-    lines.append(["**wall time** (profiled)", f"**{stock_wall * 1e3:.2f}**", f"**{rope_wall * 1e3:.2f}**"])
+    lines = [row(op) for op in names[:top]]
+    lines.append([f"{len(rest)} other operators", *total(0, rest), *(total(2, rest) if on_device else [])])
+    op_totals = [sum(seconds for seconds, _, _ in ops.values()) for ops in (stock_ops, rope_ops)]
+    lines.append(["**all operators**", *(f"**{t * 1e3:.2f}**" for t in op_totals),
+                  *(f"**{t}**" for t in (total(2, names) if on_device else []))])
+    lines.append(["**wall time** (profiled)", f"**{stock_wall * 1e3:.2f}**", f"**{rope_wall * 1e3:.2f}**",
+                  *(["", ""] if on_device else [])])
     lines.append(["wall − operators: Python, between operators",
-                  *(f"{(wall - t) * 1e3:.2f}" for wall, t in zip((stock_wall, rope_wall), op_totals))])
-    return markdown_table(["operator", "sinusoidal: ms per step (calls)", "rope: ms per step (calls)"], lines)
+                  *(f"{(wall - t) * 1e3:.2f}" for wall, t in zip((stock_wall, rope_wall), op_totals)),
+                  *(["", ""] if on_device else [])])
+    header = ["operator", "sinusoidal: CPU ms per step (calls)", "rope: CPU ms per step (calls)"]
+    if on_device:
+        header += ["sinusoidal: device ms per step", "rope: device ms per step"]
+    differing = sorted((op for op in names if stock_ops.get(op, nothing)[1] != rope_ops.get(op, nothing)[1]),
+                       key=lambda op: -abs(cpu(rope_ops, op) - cpu(stock_ops, op)))
+    return [
+        *markdown_table(header, lines),
+        "",
+        f"Operators called a different number of times per step ({len(differing)}), by the "
+        "difference of their self CPU time:",
+        "",
+        *markdown_table(header, [row(op) for op in differing]),
+    ]
+
+
+def out_path(args: argparse.Namespace, device: torch.device) -> Path:
+    """``--out``, else in ``--out-dir`` (default docs/benchmarks): profile-SIZE.md for fp32 on
+    the CPU (the reference profile), profile-SIZE-DEVICE-DTYPE.md for any other device or dtype."""
+    if args.out:
+        return args.out
+    suffix = "" if (device.type, args.dtype) == ("cpu", "fp32") else f"-{machine.device_slug(device)}-{args.dtype}"
+    directory = args.out_dir or base.project_dir() / "docs" / "benchmarks"
+    return directory / f"profile-{args.size}{suffix}.md"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -117,23 +173,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--length", type=int, default=64, help="sentence length in tokens (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps per row (default: %(default)s)")
     parser.add_argument("--top", type=int, default=25, help="operators listed (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 … (default: %(default)s)")
+    parser.add_argument("--dtype", choices=tuple(models.DTYPE_FLAGS), default="fp32",
+                        help="fairseq's --fp16 / --bf16, or neither (default: %(default)s)")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="directory for the report under its default name (default: docs/benchmarks)")
     args = parser.parse_args(argv)
-    results = measure(args.size, args.length, args.steps)
+    device = torch.device(args.device)
+    args.out = out_path(args, device)
+    results = measure(args.size, args.length, args.steps, device=device, dtype=args.dtype)
+    on_device = device.type != "cpu"
+    where = machine.describe(device)
     machine.publish_sized_report(
-        args, "profile", "scripts/profile_step.py", argv, "Operator profile",
-        f"`torch.profiler` self CPU time per step and calls per step, mean over {args.steps} steps "
-        "per row after one unprofiled step, the rows taking turns step by step "
-        "(fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
+        args, "profile", "scripts/profile_step.py", argv,
+        f"Operator profile, {where.get('gpu', 'CPU')}, {args.dtype}",
+        (f"GPU: {where['gpu']} (torch {where['torch']}, CUDA {where['cuda']}). " if on_device else "")
+        + f"`torch.profiler` self CPU time per step and calls per step"
+        + (", and the self device time of the kernels each operator launched" if on_device else "")
+        + f", mean over {args.steps} steps per row after one unprofiled step, the rows taking turns "
+        "step by step (fairseq_rope/benchmark/profile.py). The profiler adds a fixed cost "
         "per operator to the wall time; compare rows, not these times with the benchmark's.",
         [
             f"## Training step (Trainer.train_step: forward, backward, Adam; {max(1, 2048 // args.length)} "
             f"sentences × {args.length} tokens)",
             "",
-            *report(results["train"], args.top),
+            *report(results["train"], args.top, on_device),
             "",
             f"## Beam search (beam 4, {DECODE_SENTENCES} sentences, output length forced to {args.length})",
             "",
-            *report(results["decode"], args.top),
+            *report(results["decode"], args.top, on_device),
         ],
     )
     return 0
