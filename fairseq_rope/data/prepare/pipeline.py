@@ -157,13 +157,16 @@ class Pipeline:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold an exclusive lock on ``out_dir``: two runs would overwrite each other's temp files."""
+        """Hold an exclusive lock on ``out_dir``: two runs would overwrite each other's temp
+        files. A second run waits for the first, then finds its steps done: several training
+        runs of one scale (on one GPU, or several) may all start by preparing the same data."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.state_dir / "lock", "a") as f:  # "a": a no-op rerun changes no mtime
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise PrepareError(f"another preparation is running in {self.out_dir}") from None
+                self.log(f"waiting for another preparation in {self.out_dir} to finish")
+                fcntl.flock(f, fcntl.LOCK_EX)
             yield
 
     def run(self, steps: Sequence[Step]) -> None:

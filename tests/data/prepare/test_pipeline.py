@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from pathlib import Path
 from typing import List
 
 import pytest
 
-from fairseq_rope.data.prepare.files import PrepareError
 from fairseq_rope.data.prepare.multiproc import imap_chunks, map_lines
 from fairseq_rope.data.prepare.pipeline import Pipeline, Step
 from fairseq_rope.data.prepare.text import preprocess_chunk
@@ -100,10 +100,19 @@ def _drop_first(lines):
     return list(lines[1:])
 
 
-def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
+def test_a_second_run_on_the_same_directory_waits_for_the_first(tmp_path):
+    """Parallel training runs of one scale all prepare its data first: the later ones wait
+    (then find the steps done) instead of failing."""
+    waiting, acquired = threading.Event(), threading.Event()
+
+    def second() -> None:
+        with Pipeline(tmp_path, log=lambda message: waiting.set() if "waiting" in message else None).lock():
+            acquired.set()
+
     with Pipeline(tmp_path, log=lambda _: None).lock():
-        with pytest.raises(PrepareError, match="another preparation is running"):
-            with Pipeline(tmp_path, log=lambda _: None).lock():
-                pass
-    with Pipeline(tmp_path, log=lambda _: None).lock():  # released
-        pass
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert waiting.wait(timeout=60)  # the second found the lock held ...
+        assert not acquired.is_set()  # ... and does not hold it while the first does
+    thread.join(timeout=60)
+    assert acquired.is_set()
