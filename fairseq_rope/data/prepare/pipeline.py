@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
-from fairseq_rope.data.prepare.files import PrepareError
-
 #: Bump to invalidate every marker when what a step produces changes.
 PIPELINE_VERSION = 1
 
