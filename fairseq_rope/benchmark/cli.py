@@ -13,12 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_rope import base
 from fairseq_rope.benchmark import machine, models, ops, report, timing
 from fairseq_rope.benchmark.report import ROPE, STOCK, fmt_rate, fmt_time
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-DEFAULT_OUT_DIR = base.project_dir() / "docs" / "benchmarks"
+DEFAULT_OUT_DIR = machine.REPORTS_DIR
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from fairseq_rope.evaluation.report import markdown_table
 FAIRSEQ, FLOAT32, INT8 = "fairseq-generate", "ctranslate2 float32", "ctranslate2 int8"
 ENGINES = (FAIRSEQ, FLOAT32, INT8)
 QUANTIZATION = {FLOAT32: None, INT8: "int8"}
-DEFAULT_OUT = base.project_dir() / "docs" / "benchmarks" / "ctranslate2-cpu.md"
+DEFAULT_OUT = machine.REPORTS_DIR / "ctranslate2-cpu.md"
 #: fairseq-generate's summary line (and deploy.generate's, word for word).
 SUMMARY = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in [\d.]+s \(([\d.]+) sentences/s")
 MIB = 2 ** 20

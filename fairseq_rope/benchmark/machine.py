@@ -15,6 +15,10 @@ import torch
 from fairseq_rope import base
 
 
+#: Where the benchmark and diagnostic reports are written unless told otherwise.
+REPORTS_DIR = base.project_dir() / "docs" / "benchmarks"
+
+
 def device_slug(device: torch.device) -> str:
     """File-name form of the device: ``cpu``, or the GPU's name (``nvidia-h100-80gb-hbm3``)."""
     if device.type == "cuda":
@@ -60,7 +64,7 @@ def add_size_and_out(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def out_path(args: argparse.Namespace, name: str) -> Path:
-    return args.out or base.project_dir() / "docs" / "benchmarks" / f"{name}-{args.size}.md"
+    return args.out or REPORTS_DIR / f"{name}-{args.size}.md"
 
 
 def publish(out: Path, lines: Sequence[str]) -> None:

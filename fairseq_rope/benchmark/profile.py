@@ -31,7 +31,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fairseq_rope import base
 from fairseq_rope.benchmark import machine, models
 from fairseq_rope.benchmark.timing import interleaved, synchronize
 from fairseq_rope.evaluation.report import markdown_table
@@ -124,24 +123,27 @@ def report(results: Dict[str, Tuple[OperatorTimes, float]], top: int, on_device:
     def row(op: str) -> List[str]:
         cells = [cell(stock_ops, op), cell(rope_ops, op)]
         if on_device:
-            cells += [f"{ops.get(op, nothing)[2] * 1e3:.2f}" for ops in (stock_ops, rope_ops)]
+            cells += ms([ops.get(op, nothing)[2] for ops in (stock_ops, rope_ops)])
         return [f"`{op}`", *cells]
 
-    def total(column: int, ops_of: Sequence[str]) -> List[str]:
-        return [f"{sum(ops.get(op, nothing)[column] for op in ops_of) * 1e3:.2f}" for ops in (stock_ops, rope_ops)]
+    def totals(column: int, ops_of: Sequence[str]) -> List[float]:
+        return [sum(ops.get(op, nothing)[column] for op in ops_of) for ops in (stock_ops, rope_ops)]
+
+    def ms(values: Sequence[float], bold: bool = False) -> List[str]:
+        return [f"**{v * 1e3:.2f}**" if bold else f"{v * 1e3:.2f}" for v in values]
 
     names = sorted(set(stock_ops) | set(rope_ops), key=lambda op: -max(cpu(stock_ops, op), cpu(rope_ops, op)))
     rest = names[top:]
+    no_device = ["", ""] if on_device else []  # the device columns of the wall-time rows
+    op_totals = totals(0, names)
     lines = [row(op) for op in names[:top]]
-    lines.append([f"{len(rest)} other operators", *total(0, rest), *(total(2, rest) if on_device else [])])
-    op_totals = [sum(seconds for seconds, _, _ in ops.values()) for ops in (stock_ops, rope_ops)]
-    lines.append(["**all operators**", *(f"**{t * 1e3:.2f}**" for t in op_totals),
-                  *(f"**{t}**" for t in (total(2, names) if on_device else []))])
-    lines.append(["**wall time** (profiled)", f"**{stock_wall * 1e3:.2f}**", f"**{rope_wall * 1e3:.2f}**",
-                  *(["", ""] if on_device else [])])
+    lines.append([f"{len(rest)} other operators", *ms(totals(0, rest)),
+                  *(ms(totals(2, rest)) if on_device else [])])
+    lines.append(["**all operators**", *ms(op_totals, bold=True),
+                  *(ms(totals(2, names), bold=True) if on_device else [])])
+    lines.append(["**wall time** (profiled)", *ms((stock_wall, rope_wall), bold=True), *no_device])
     lines.append(["wall − operators: Python, between operators",
-                  *(f"{(wall - t) * 1e3:.2f}" for wall, t in zip((stock_wall, rope_wall), op_totals)),
-                  *(["", ""] if on_device else [])])
+                  *ms([wall - t for wall, t in zip((stock_wall, rope_wall), op_totals)]), *no_device])
     header = ["operator", "sinusoidal: CPU ms per step (calls)", "rope: CPU ms per step (calls)"]
     if on_device:
         header += ["sinusoidal: device ms per step", "rope: device ms per step"]
@@ -163,8 +165,7 @@ def out_path(args: argparse.Namespace, device: torch.device) -> Path:
     if args.out:
         return args.out
     suffix = "" if (device.type, args.dtype) == ("cpu", "fp32") else f"-{machine.device_slug(device)}-{args.dtype}"
-    directory = args.out_dir or base.project_dir() / "docs" / "benchmarks"
-    return directory / f"profile-{args.size}{suffix}.md"
+    return (args.out_dir or machine.REPORTS_DIR) / f"profile-{args.size}{suffix}.md"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor
 from fairseq.modules import MultiheadAttention
 
-from fairseq_rope import base
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.benchmark import machine
 from fairseq_rope.benchmark.report import fmt_spread, fmt_time
@@ -79,7 +78,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="EMBEDxHEADS list (default: tiny and base: %(default)s)")
     parser.add_argument("--steps", default="16,64", help="decoding steps per beam search (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=base.project_dir() / "docs" / "benchmarks" / "attention-step.md")
+    parser.add_argument("--out", type=Path, default=machine.REPORTS_DIR / "attention-step.md")
     args = parser.parse_args(argv)
     rows = []
     for embed_dim, heads in args.dims:
