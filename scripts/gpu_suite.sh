@@ -2,7 +2,8 @@
 # The GPU results in one command, on a fresh GPU node, from the repository root:
 #
 #   scripts/gpu_suite.sh [--dry-run] [--out DIR] [--step STEP]... [--raw-dir DIR]
-#                        [--seeds N] [--parallel N] [--wheelhouse DIR] [--state DIR]
+#                        [--seeds N] [--parallel N] [--dtypes LIST] [--wheelhouse DIR]
+#                        [--state DIR]
 #
 # Steps, in this order, each time-boxed so that what finished is written even if a
 # later step does not finish:
@@ -12,11 +13,12 @@
 #              brings what it needs, a copy made before the last edit is never measured
 #   test       pytest -m gpu (tests/gpu): exactness on CUDA in fp32, fp16 and bf16
 #              -> OUT/test.log, OUT/test.xml
-#   benchmark  scripts/benchmark.py at base size, fp32, fp16 and bf16, against the stock
-#              Transformer -> OUT/benchmarks/ (and docs/benchmarks/<gpu>.md)
-#   profile    scripts/profile_step.py at base size in fp16, bf16 and fp32: each operator's
-#              CPU time, calls and CUDA time per training step and beam search, RoPE
-#              against stock -> OUT/benchmarks/profile-base-<gpu>-DTYPE.md (and docs/benchmarks/)
+#   benchmark  scripts/benchmark.py at base size in DTYPES, against the stock Transformer
+#              -> OUT/benchmarks/ (and docs/benchmarks/<gpu>.md)
+#   profile    scripts/profile_step.py at base size, once per dtype of DTYPES (about 3
+#              minutes each on an H100 node): each operator's CPU time, calls and CUDA time
+#              per training step and beam search, RoPE against stock
+#              -> OUT/benchmarks/profile-base-<gpu>-DTYPE.md (and docs/benchmarks/)
 #   table      the multi30k-converged table: every row x SEEDS seeds (default 5), PARALLEL
 #              runs at once on the GPU (default 4); needs --raw-dir, the six Multi30k release
 #              files -> OUT/results/ (the table, plots, and every run's record under runs/)
@@ -26,6 +28,7 @@
 # steps that finished (STATE/done/); the table's runs resume where they stopped, so that
 # step may take two jobs. STATE (default /tmp/fairseq-rope-gpu-suite) keeps the prefix,
 # the runs and the markers between jobs. OUT defaults to $OUT when set, else gpu-suite/.
+# DTYPES (--dtypes, default fp32,fp16,bf16): what the benchmark and profile steps measure.
 #
 # --dry-run: every step at tiny size on the CPU, which is how CI checks this script:
 # the test step runs tests/gpu with FAIRSEQ_ROPE_GPU_TESTS_DEVICE=cpu, the benchmark
@@ -57,7 +60,7 @@ step_benchmark() {
     if [[ $DRY_RUN == 1 ]]; then
         "$PY" scripts/benchmark.py --smoke --device cpu --dtypes fp32 --out-dir "$OUT_DIR/benchmarks"
     else
-        "$PY" scripts/benchmark.py --size base --device cuda --dtypes fp32,fp16,bf16 --out-dir "$OUT_DIR/benchmarks"
+        "$PY" scripts/benchmark.py --size base --device cuda --dtypes "$DTYPES" --out-dir "$OUT_DIR/benchmarks"
         cp "$OUT_DIR"/benchmarks/*.md docs/benchmarks/
     fi
 }
@@ -69,7 +72,7 @@ step_profile() {
         return
     fi
     local dtype
-    for dtype in fp16 bf16 fp32; do
+    for dtype in ${DTYPES//,/ }; do
         "$PY" scripts/profile_step.py --size base --device cuda --dtype "$dtype" --out-dir "$OUT_DIR/benchmarks"
     done
     cp "$OUT_DIR"/benchmarks/profile-base-*.md docs/benchmarks/
@@ -116,6 +119,7 @@ WHEELHOUSE=wheelhouse
 RAW_DIR=
 SEEDS=5
 PARALLEL=4
+DTYPES=fp32,fp16,bf16
 DRY_RUN=0
 STEPS=()
 while [[ $# -gt 0 ]]; do
@@ -126,15 +130,19 @@ while [[ $# -gt 0 ]]; do
         --raw-dir) RAW_DIR=$2; shift 2 ;;
         --seeds) SEEDS=$2; shift 2 ;;
         --parallel) PARALLEL=$2; shift 2 ;;
+        --dtypes) DTYPES=$2; shift 2 ;;
         --wheelhouse) WHEELHOUSE=$2; shift 2 ;;
         --state) STATE=$2; shift 2 ;;
-        -h|--help) sed -n '2,33p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (--help for usage)" >&2; exit 2 ;;
     esac
 done
 [[ ${#STEPS[@]} -gt 0 ]] || STEPS=("${ALL_STEPS[@]}")
 for step in "${STEPS[@]}"; do
     [[ " ${ALL_STEPS[*]} " == *" $step "* ]] || { echo "error: unknown step $step (steps: ${ALL_STEPS[*]})" >&2; exit 2; }
+done
+for dtype in ${DTYPES//,/ }; do
+    [[ " fp32 fp16 bf16 " == *" $dtype "* ]] || { echo "error: unknown dtype $dtype (--dtypes: fp32,fp16,bf16 or a part)" >&2; exit 2; }
 done
 if [[ $DRY_RUN == 1 ]]; then
     STATE=$STATE/dry-run DEVICE=cpu SCALE=demo SEEDS=1 EXTRA="-- --max-update 10 --save-interval-updates 2"
@@ -149,7 +157,7 @@ mkdir -p "$OUT_DIR" "$STATE/done"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 STATE=$(cd "$STATE" && pwd)
 [[ -z $RAW_DIR ]] || RAW_DIR=$(cd "$RAW_DIR" && pwd)
-export PY OUT_DIR STATE WHEELHOUSE RAW_DIR SEEDS PARALLEL DRY_RUN DEVICE SCALE EXTRA PYTHONUNBUFFERED=1
+export PY OUT_DIR STATE WHEELHOUSE RAW_DIR SEEDS PARALLEL DTYPES DRY_RUN DEVICE SCALE EXTRA PYTHONUNBUFFERED=1
 if [[ $DRY_RUN == 1 ]]; then  # a CPU decodes the dry run's untrained models slowly: no 10-minute jobs there
     for step in "${ALL_STEPS[@]}"; do LIMIT[$step]=$((3 * LIMIT[$step])); done
 fi

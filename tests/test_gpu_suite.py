@@ -28,6 +28,7 @@ def test_bad_command_lines_are_refused_before_anything_runs(tmp_path):
         (["--step", "train"], "unknown step train (steps: install test benchmark profile table)"),
         (["--step", "table"], "the table step needs --raw-dir DIR"),
         (["--frobnicate"], "unknown argument --frobnicate"),
+        (["--dtypes", "fp16,fp8"], "unknown dtype fp8"),
     ):
         run = suite(*args, "--out", str(tmp_path / "out"), "--state", str(tmp_path / "state"))
         assert run.returncode == 2 and message in run.stderr, run.stderr
@@ -55,6 +56,31 @@ def test_finished_steps_are_skipped_and_unfinished_ones_reported(tmp_path):
     log = (out / "suite.log").read_text()
     assert all(f"{step}: finished by an earlier run" in log for step in ("install", "test", "benchmark"))
     assert "all steps finished" in log
+
+
+def test_dtypes_choose_what_the_benchmark_and_profile_steps_measure(tmp_path):
+    """On a GPU (no --dry-run) each listed dtype is profiled once and benchmarked; a Python
+    stand-in records the commands the steps run, so CUDA is not needed to check them."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+while [[ $# -gt 0 ]]; do [[ $1 == --out-dir ]] && mkdir -p "$2" && touch "$2/profile-base-x-$RANDOM.md"; shift; done
+""")
+    fake.chmod(0o755)
+    docs = set((REPO / "docs" / "benchmarks").iterdir())
+    run = suite("--step", "profile", "--step", "benchmark", "--dtypes", "bf16", "--out", str(tmp_path / "out"),
+                "--state", str(tmp_path / "state"), PYTHON=str(fake))
+    try:
+        assert run.returncode == 0, run.stderr
+        lines = calls.read_text().splitlines()
+        assert [line.split(" --out-dir")[0] for line in lines] == [
+            "scripts/profile_step.py --size base --device cuda --dtype bf16",
+            "scripts/benchmark.py --size base --device cuda --dtypes bf16",
+        ]
+    finally:  # the steps copy their reports into docs/benchmarks: leave the checkout as it was
+        for path in set((REPO / "docs" / "benchmarks").iterdir()) - docs:
+            path.unlink()
 
 
 def test_steps_run_the_checkouts_code_not_a_stale_wheelhouse_copy(tmp_path):
