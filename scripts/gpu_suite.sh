@@ -38,6 +38,7 @@ set -euo pipefail
 SELF=$(realpath "${BASH_SOURCE[0]}")
 cd "$(dirname "$SELF")/.."
 ALL_STEPS=(install test benchmark profile table)
+ALL_DTYPES=(fp32 fp16 bf16)
 # Seconds each step may take: within a 10-minute job.
 declare -A LIMIT=([install]=570 [test]=540 [benchmark]=540 [profile]=540 [table]=570)
 
@@ -119,7 +120,7 @@ WHEELHOUSE=wheelhouse
 RAW_DIR=
 SEEDS=5
 PARALLEL=4
-DTYPES=fp32,fp16,bf16
+DTYPES=$(IFS=,; echo "${ALL_DTYPES[*]}")
 DRY_RUN=0
 STEPS=()
 while [[ $# -gt 0 ]]; do
@@ -142,7 +143,7 @@ for step in "${STEPS[@]}"; do
     [[ " ${ALL_STEPS[*]} " == *" $step "* ]] || { echo "error: unknown step $step (steps: ${ALL_STEPS[*]})" >&2; exit 2; }
 done
 for dtype in ${DTYPES//,/ }; do
-    [[ " fp32 fp16 bf16 " == *" $dtype "* ]] || { echo "error: unknown dtype $dtype (--dtypes: fp32,fp16,bf16 or a part)" >&2; exit 2; }
+    [[ " ${ALL_DTYPES[*]} " == *" $dtype "* ]] || { echo "error: unknown dtype $dtype (dtypes: ${ALL_DTYPES[*]})" >&2; exit 2; }
 done
 if [[ $DRY_RUN == 1 ]]; then
     STATE=$STATE/dry-run DEVICE=cpu SCALE=demo SEEDS=1 EXTRA="-- --max-update 10 --save-interval-updates 2"
