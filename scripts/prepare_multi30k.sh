@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Prepare Multi30k English-German (task 1) for fairseq: the six published files
-# (train, val, test_2016_flickr; checked against their SHA-256 and line counts),
-# Moses normalization and tokenization, joint BPE (10k vocabulary by default),
-# cleaning of the training set, fairseq-preprocess --joined-dictionary;
-# raw/test.de is kept as the sacreBLEU reference.
+# Prepare Multi30k English-German or English-French (task 1) for fairseq: the
+# pair's six published files (train, val, test_2016_flickr; checked against their
+# SHA-256 and line counts), Moses normalization and tokenization in each side's
+# language, joint BPE (10k vocabulary by default), fairseq-preprocess
+# --joined-dictionary (no cleaning: every pair is a translation); raw/test.TGT is
+# kept as the sacreBLEU reference.
 #
-# usage: scripts/prepare_multi30k.sh [--raw-dir DIR] [--offline]
+# usage: scripts/prepare_multi30k.sh [--tgt de|fr] [--raw-dir DIR] [--offline]
 #            [--bpe subword-nmt|sentencepiece] [--vocab-size 10000] [--workers N] OUT_DIR
 #
 # Files missing from --raw-dir (default OUT_DIR/orig) are downloaded from

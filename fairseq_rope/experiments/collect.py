@@ -53,6 +53,7 @@ from fairseq_rope.experiments.table import (
     full_length_scale,
     record_hypotheses,
     recorded_runs,
+    same_models,
     scale_dir,
 )
 
@@ -519,7 +520,7 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
     out += main_table(scale, runs) + ["", BLEU_NOTE, ""]
     out += [f"![validation loss]({plots['valid_loss'].name}) ![BLEU]({plots['bleu'].name})", ""]
     for study in SCALES.values():  # the length study of the same models, if any
-        if study.size == scale.size and study.is_length_study and study is not scale:
+        if same_models(study, scale) and study.is_length_study and study is not scale:
             out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
     if scale.data != "demo":
         out += ["## Significance", ""] + significance_table(runs, work_dir) + [""]

@@ -49,6 +49,7 @@ from fairseq_rope.experiments.config import load_experiment, resolve_config
 from fairseq_rope.experiments.convergence import Rule, converged_at
 from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
 from fairseq_rope.evaluation.bleu_by_length import length_report
+from fairseq_rope.evaluation.scoring import infer_language_pair
 from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
 from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
 from fairseq_rope.data.prepare.pipeline import sha256_file
@@ -110,7 +111,9 @@ def prepare_data(scale: Scale, work_dir: Path, raw_dir: Optional[str] = None) ->
         if (out / "data-bin").is_dir() and raw_dir is None:
             print(f"{scale.data} data already prepared in {out}", file=sys.stderr)
         else:
-            run_step([*entry_point("data.prepare.cli"), scale.data, *(["--raw-dir", raw_dir] if raw_dir else []), out])
+            pair = ["--tgt", scale.tgt] if scale.data == "multi30k" else []
+            run_step([*entry_point("data.prepare.cli"), scale.data, *pair,
+                      *(["--raw-dir", raw_dir] if raw_dir else []), out])
         return out / "data-bin"
     corpus = scale_dir(work_dir, scale) / "corpus"
     vocab_size, clean = DEMO_VOCAB_SIZE, True
@@ -258,6 +261,7 @@ def summarize_run(
     summary: Dict[str, Any] = {
         "row": row.name,
         "scale": scale.name,
+        "language_pair": scale.language_pair,
         "seed": seed,
         "config": config.stem,
         "config_path": str(config),
@@ -399,6 +403,7 @@ def reproduce_row(
     device = Device.resolve() if device is None else device
     config = resolve_config(config_name(row, scale))
     data_bin = prepare_data(scale, work_dir, raw_dir)
+    check_language_pair(scale, data_bin)
     save_dir = run_dir(work_dir, scale, row, seed)
     trained, convergence, budget_length = [], None, None
     if scale.equal_budget is not None:
@@ -417,6 +422,14 @@ def reproduce_row(
     command = reproduce_command(row, scale, seed, extra, work_dir, device)
     return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length,
                          convergence=convergence, budget_length=budget_length)
+
+
+def check_language_pair(scale: Scale, data_bin: Path) -> None:
+    """The prepared test set is the scale's pair, which its run.json records (a work directory
+    prepared for another pair would otherwise be trained on and recorded under this scale)."""
+    pair = "-".join(infer_language_pair(data_bin, "test"))
+    if pair != scale.language_pair:
+        raise TableError(f"{data_bin} holds {pair} data, but scale {scale.name} is {scale.language_pair}")
 
 
 # --- Command line
@@ -469,8 +482,8 @@ def _prepare_parser() -> argparse.ArgumentParser:
 
 
 def _add_raw_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives; multi30k, "
-                        "multi30k-length: directory with the six Multi30k release files "
+    parser.add_argument("--raw-dir", help="wmt14: directory with the WMT14 archives; the multi30k "
+                        "scales: directory with the Multi30k release files of the scale's pair "
                         "(default: download them)")
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from fairseq_rope.experiments import reproduce
 from fairseq_rope.data.prepare import multi30k
-from fairseq_rope.experiments.table import SCALES
+from fairseq_rope.experiments.config import load_experiment
+from fairseq_rope.experiments.device import CPU
+from fairseq_rope.experiments.table import SCALES, TableError, recorded_runs
 
 from tests.data.prepare.conftest import TINY_VOCAB, run_cli, write_multi30k_release
 
@@ -103,3 +105,58 @@ def test_a_converged_cell_scores_the_equal_budget_on_the_fixed_budget_trajectory
     md = (results / "multi30k-converged.md").read_text()
     assert "## Convergence" in md and "## The same runs at the equal budget (6 updates)" in md
     assert (results / "runs" / "multi30k-converged" / "rope" / "seed1" / "budget.hyps.detok.de.gz").is_file()
+
+
+# --- The second language pair (English→French): fast checks of the option, no training
+
+
+def test_the_french_scales_prepare_their_own_en_fr_data_once(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
+    for name in ("multi30k-fr", "multi30k-fr-converged"):
+        data_bin = reproduce.prepare_data(SCALES[name], tmp_path, "/shared/multi30k")
+        assert data_bin == tmp_path / "multi30k-fr" / "data" / "data-bin"  # one preparation for both
+    assert ran[0][3:7] == ["multi30k", "--tgt", "fr", "--raw-dir"]
+    reproduce.prepare_data(SCALES["multi30k"], tmp_path, "/shared/multi30k")
+    assert ran[-1][3:6] == ["multi30k", "--tgt", "de"] and ran[-1][-1] == tmp_path / "multi30k" / "data"
+
+
+def test_the_french_recipe_is_the_german_one_but_for_the_detokenizer_of_valid_bleu():
+    for row in ("sinusoidal", "learned", "rope", "rpe", "alibi"):
+        german, french = (load_experiment(f"{row}_{size}").train
+                          for size in ("multi30k-converged", "multi30k-fr-converged"))
+        assert json.loads(french.pop("eval-bleu-detok-args")) == {"target_lang": "fr"}
+        assert json.loads(german.pop("eval-bleu-detok-args")) == {"target_lang": "de"}
+        assert french == german
+    assert (SCALES["multi30k-fr-converged"].equal_budget, SCALES["multi30k-fr"].size) == (1791, "multi30k")
+
+
+def test_a_scale_refuses_data_of_another_language_pair(tmp_path):
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    for lang in ("en", "de"):
+        (data_bin / f"test.en-de.{lang}.idx").write_bytes(b"")
+    reproduce.check_language_pair(SCALES["multi30k-converged"], data_bin)
+    with pytest.raises(TableError, match="holds en-de data, but scale multi30k-fr-converged is en-fr"):
+        reproduce.check_language_pair(SCALES["multi30k-fr-converged"], data_bin)
+
+
+def test_collect_never_pools_language_pairs(tmp_path):
+    """A record lying under a scale of another pair is refused, not tabulated with its runs; records
+    made before runs recorded their pair are English→German."""
+    def record(scale: str, seed: int, **summary: str) -> None:
+        path = tmp_path / "runs" / scale / "rope" / f"seed{seed}" / "run.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"row": "rope", "scale": scale, "seed": seed, **summary}))
+
+    record("multi30k-fr-converged", 1, language_pair="en-fr")
+    record("multi30k-converged", 1)  # recorded before 2026-11-27: no pair, English→German
+    assert [run["seed"] for run in recorded_runs(tmp_path / "runs", SCALES["multi30k-fr-converged"])["rope"]] == [1]
+    assert len(recorded_runs(tmp_path / "runs", SCALES["multi30k-converged"])["rope"]) == 1
+    record("multi30k-fr-converged", 2)
+    with pytest.raises(TableError, match="seed2/run.json is a run on en-de, but scale multi30k-fr-converged is "
+                       "en-fr: runs of different language pairs are never pooled"):
+        recorded_runs(tmp_path / "runs", SCALES["multi30k-fr-converged"])
+    record("multi30k-converged", 2, language_pair="en-fr")
+    with pytest.raises(TableError, match="is a run on en-fr, but scale multi30k-converged is en-de"):
+        recorded_runs(tmp_path / "runs", SCALES["multi30k-converged"])

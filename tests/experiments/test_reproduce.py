@@ -164,6 +164,7 @@ def test_reproduce_command_records_a_non_default_work_dir(tmp_path):
 def test_reproduce_row_runs_the_steps_in_order(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: calls.append("prepare") or work / "bin")
+    monkeypatch.setattr(reproduce, "check_language_pair", lambda scale, data_bin: None)
     monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", a)) or 1.0)
     monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: calls.append("evaluate"))
     monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: calls.append("summarize") or {})
@@ -344,6 +345,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert json.loads(summary_path(save).read_text()) == summary
     assert summary["parameters"] == expected
     assert summary["arch"] == "arch_sinusoidal" and summary["config"] == "sinusoidal_demo"
+    assert summary["language_pair"] == "en-de"
     assert summary["train_tokens_per_second"] == 25000.0  # mean of the two epoch summaries
     assert summary["train_tokens_per_second_range"] == [20000.0, 30000.0]
     assert summary["train_tokens_per_second_epochs"] == reproduce.FULL_EPOCHS
@@ -479,8 +481,8 @@ def test_multi30k_data_is_prepared_once_and_from_the_raw_dir(tmp_path, monkeypat
     multi30k = SCALES["multi30k"]
     data_bin = reproduce.prepare_data(multi30k, tmp_path, "/shared/multi30k")
     assert data_bin == tmp_path / "multi30k" / "data" / "data-bin"
-    assert ran == [[*reproduce.entry_point("data.prepare.cli"), "multi30k", "--raw-dir", "/shared/multi30k",
-                    tmp_path / "multi30k" / "data"]]
+    assert ran == [[*reproduce.entry_point("data.prepare.cli"), "multi30k", "--tgt", "de",
+                    "--raw-dir", "/shared/multi30k", tmp_path / "multi30k" / "data"]]
     data_bin.mkdir(parents=True)
     reproduce.prepare_data(multi30k, tmp_path)
     assert len(ran) == 1
@@ -675,6 +677,7 @@ def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, 
     rule, then average the last 5 up to where the rule stopped into eval/."""
     calls = []
     monkeypatch.setattr(reproduce, "prepare_data", lambda scale, work, raw: work / "multi30k" / "data" / "data-bin")
+    monkeypatch.setattr(reproduce, "check_language_pair", lambda scale, data_bin: None)
     monkeypatch.setattr(reproduce, "train", lambda *a: calls.append(("train", list(a[4]))) or 1.0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(reproduce, "evaluate", lambda *a, **k: calls.append(("evaluate", k)))

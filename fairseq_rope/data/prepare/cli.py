@@ -69,10 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "downloaded into it (default: OUT_DIR/orig)")
     wmt.add_argument("--offline", action="store_true", help="never download: a missing archive is an error")
 
-    m30k = sub.add_parser("multi30k", parents=[common], help="Multi30k English-German, task 1 (train, val, "
-                          "test_2016_flickr), checked against the published checksums")
-    m30k.add_argument("--raw-dir", type=Path, help="directory with the six release files "
-                      "(train/val/test_2016_flickr.{en,de}.gz); missing ones are downloaded into it "
+    m30k = sub.add_parser("multi30k", parents=[common], help="Multi30k English-German or English-French, "
+                          "task 1 (train, val, test_2016_flickr), checked against the published checksums")
+    m30k.add_argument("--tgt", choices=multi30k.TARGETS, default=multi30k.TARGETS[0],
+                      help="target language (default: %(default)s)")
+    m30k.add_argument("--raw-dir", type=Path, help="directory with the pair's six release files "
+                      "(train/val/test_2016_flickr.{en,TGT}.gz); missing ones are downloaded into it "
                       "(default: OUT_DIR/orig)")
     m30k.add_argument("--offline", action="store_true", help="never download: a missing file is an error")
 
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     opts = recipes.Options(
         out_dir=out_dir,
         src=args.src if parallel else "en",
-        tgt=args.tgt if parallel else "de",
+        tgt=args.tgt if args.command != "wmt14" else "de",
         bpe=args.bpe,
         vocab_size=args.vocab_size or default_vocab,
         workers=args.workers,
@@ -126,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
                 first = recipes.wmt_extract_step(opts, WMT14_EN_DE, archives)
             elif args.command == "multi30k":
                 raw_dir = (args.raw_dir or out_dir / "orig").resolve()
-                files = [f.archive for f in multi30k.release_files(multi30k.TASK1)]
+                release = multi30k.language_pair(multi30k.TASK1, opts.tgt)
+                files = [f.archive for f in multi30k.release_files(release)]
                 paths = ensure_archives(raw_dir, files, offline=args.offline, log=log)
-                first = multi30k.import_step(opts, paths, multi30k.TASK1)
+                first = multi30k.import_step(opts, paths, release)
             else:
                 prefixes = {"train": args.trainpref, "valid": args.validpref, "test": args.testpref}
                 first = recipes.import_step(opts, prefixes)

@@ -1,17 +1,24 @@
-"""Multi30k En–De (task 1): the six published files, their checksums, and the import step.
+"""Multi30k (task 1), English→German or English→French: the published files, their checksums,
+and the import step.
 
 Elliott et al. (2016), *Multi30K: Multilingual English-German Image
 Descriptions*: 29,000 training, 1,014 validation and 1,000 test (``test2016``,
-Flickr) caption pairs, true-cased and untokenized, as released in the
-``multi30k/dataset`` GitHub repository under ``data/task1/raw/`` (gzipped, one
-sentence a line). The captions derive from Flickr30K and are for
-non-commercial research and education: they are downloaded or read from a
-local copy (``--raw-dir``), never shipped with this package.
+Flickr) English captions, true-cased and untokenized, translated line by line
+into German and (Elliott et al. 2017, *Findings of the Second Shared Task on
+Multimodal Machine Translation and Multilingual Image Description*) into French,
+as released in the ``multi30k/dataset`` GitHub repository under
+``data/task1/raw/`` (gzipped, one sentence a line). The captions derive from
+Flickr30K and are for non-commercial research and education: they are
+downloaded or read from a local copy (``--raw-dir``), never shipped with this
+package.
 
-The import step checks each file's SHA-256 against the published release and
-its line count, then decompresses the pairs into ``raw/{train,valid,test}.{en,de}``
-(``raw/test.de``: the sacreBLEU reference). Everything after that is the
-shared recipe of :mod:`fairseq_rope.data.prepare.recipes`.
+A preparation takes one pair (``--tgt de`` or ``fr``): the English files and
+the target's. The import step checks each of its six files' SHA-256 against the
+published release and its line count, then decompresses the pairs into
+``raw/{train,valid,test}.{en,TGT}`` (``raw/test.TGT``: the sacreBLEU reference).
+Everything after that is the shared recipe of
+:mod:`fairseq_rope.data.prepare.recipes`, whose Moses steps take the language
+of each side.
 """
 
 from __future__ import annotations
@@ -55,32 +62,51 @@ class ReleaseFile:
         return Archive(self.filename, self.url, ())
 
 
-#: split -> language -> file, as published (commit a3d2e0d2 of multi30k/dataset).
+#: split -> language -> file, as published (commit a3d2e0d2 of multi30k/dataset, whose
+#: SHA256 the repository lists for each file).
 TASK1: Dict[str, Dict[str, ReleaseFile]] = {
     "train": {
         "en": ReleaseFile("train.en.gz", "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f", 29000),
         "de": ReleaseFile("train.de.gz", "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6", 29000),
+        "fr": ReleaseFile("train.fr.gz", "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c", 29000),
     },
     "valid": {
         "en": ReleaseFile("val.en.gz", "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28", 1014),
         "de": ReleaseFile("val.de.gz", "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a", 1014),
+        "fr": ReleaseFile("val.fr.gz", "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9", 1014),
     },
     "test": {
         "en": ReleaseFile("test_2016_flickr.en.gz",
                           "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9", 1000),
         "de": ReleaseFile("test_2016_flickr.de.gz",
                           "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8", 1000),
+        "fr": ReleaseFile("test_2016_flickr.fr.gz",
+                          "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90", 1000),
     },
 }
+SOURCE = "en"
+#: The target languages of the release, the default first.
+TARGETS = ("de", "fr")
 
 
-def release_files(release: Mapping[str, Mapping[str, ReleaseFile]] = TASK1) -> List[ReleaseFile]:
+Release = Mapping[str, Mapping[str, ReleaseFile]]
+
+
+def language_pair(release: Release, tgt: str) -> Dict[str, Dict[str, ReleaseFile]]:
+    """The files of the English→``tgt`` pair, split -> language -> file."""
+    available = sorted(set.intersection(*(set(per_lang) for per_lang in release.values())) - {SOURCE})
+    if tgt not in available:
+        raise PrepareError(f"Multi30k has no English→{tgt} release; target languages: {', '.join(available)}")
+    return {split: {SOURCE: per_lang[SOURCE], tgt: per_lang[tgt]} for split, per_lang in release.items()}
+
+
+def release_files(release: Release = TASK1) -> List[ReleaseFile]:
     return [f for per_lang in release.values() for f in per_lang.values()]
 
 
-def import_step(opts: Options, paths: Mapping[str, Path],
-                release: Mapping[str, Mapping[str, ReleaseFile]] = TASK1) -> Step:
-    """Verify the release files (checksum, line count) and decompress them into raw/."""
+def import_step(opts: Options, paths: Mapping[str, Path], release: Release) -> Step:
+    """Verify the files of one pair (:func:`language_pair`: checksum, line count) and decompress
+    them into raw/."""
     inputs = [paths[f.filename] for f in release_files(release)]
     spec = {split: {lang: [f.filename, f.sha256, f.lines] for lang, f in per_lang.items()}
             for split, per_lang in release.items()}
@@ -88,8 +114,7 @@ def import_step(opts: Options, paths: Mapping[str, Path],
                 {"release": spec})
 
 
-def _import(opts: Options, paths: Mapping[str, Path], release: Mapping[str, Mapping[str, ReleaseFile]],
-            tmps: List[Path]) -> None:
+def _import(opts: Options, paths: Mapping[str, Path], release: Release, tmps: List[Path]) -> None:
     check_release(paths, release_files(release))
     out = dict(zip(opts.raw_outputs(), tmps))
     for split in opts.splits:
