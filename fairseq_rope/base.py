@@ -1,6 +1,6 @@
 """What every layer of fairseq-rope shares: the error base, paths, atomic writes,
-line decoding, command-line helpers and the provenance of measurements (CPU,
-commit). It imports nothing from the package.
+line decoding, command-line helpers, the provenance of measurements (CPU,
+commit) and the tables' decoding settings. It imports nothing from the package.
 
 Atomic output: readers see the old file or the complete new one, never a part.
 Everything is written to a temporary file in the target's directory (so the
@@ -22,9 +22,14 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
+
+#: The paper's decoding, every table's (fairseq's default length limit: 0 x source + 200 subwords):
+#: fairseq-generate's (:mod:`fairseq_rope.evaluation.decoding`) and CTranslate2's
+#: (:mod:`fairseq_rope.deploy.decoding`) defaults.
+TABLE_DECODING: Dict[str, Any] = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200}
 
 
 # The plugin package: what fairseq's ``--user-dir`` takes.

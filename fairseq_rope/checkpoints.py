@@ -44,6 +44,10 @@ NUMPY_ARRAY_GLOBALS = (
 FAIRSEQ_CHECKPOINT_GLOBALS = (argparse.Namespace, *NUMPY_ARRAY_GLOBALS)
 
 
+# What torch.load raises for a truncated, corrupt or unreadable file.
+UNREADABLE = (OSError, EOFError, RuntimeError, pickle.UnpicklingError)
+
+
 class UnsafeCheckpointError(FairseqRopeError, pickle.UnpicklingError):
     """A checkpoint that torch's safe unpickler refused: it holds more than a fairseq checkpoint may."""
 

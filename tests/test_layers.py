@@ -1,19 +1,22 @@
 """The package's layers depend downward only: the plugin core imports none of the
-harness, and each harness layer only the ones below it (docs/design.md)."""
+harness, each harness layer only the ones below it (docs/design.md), and no module
+reaches itself through its imports, within a layer or across."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
-from typing import Dict, Set
+from typing import Dict, Mapping, Optional, Sequence, Set
+
+import pytest
 
 from tests.conftest import PLUGIN_DIR
 
 # Layer of each top-level part of the package, lowest first; a module may import
-# its own layer and those below.
-# deploy (CTranslate2) shares evaluation's layer: each uses the other (--engine ctranslate2;
-# the tables' decoding and scoring).
-LAYERS = {"base": 0, "core": 1, "data": 2, "evaluation": 3, "deploy": 3, "experiments": 4, "benchmark": 4, "gpu": 4}
+# its own layer and those below. deploy (CTranslate2) lies below evaluation, which
+# decodes with it (--engine ctranslate2).
+LAYERS = {"base": 0, "core": 1, "data": 2, "deploy": 3, "evaluation": 4, "experiments": 5, "benchmark": 5, "gpu": 5}
 HARNESS = ("data", "evaluation", "deploy", "experiments", "benchmark", "gpu")
 
 
@@ -64,3 +67,49 @@ def test_the_walk_sees_an_upward_import(tmp_path):
     bad = tmp_path / "rotary.py"
     bad.write_text("from fairseq_rope.experiments.table import ROWS\nimport fairseq_rope.data.prepare\n")
     assert {part(m) for m in imports_of(bad)} == {"experiments", "data"}
+
+
+def import_graph(modules: Mapping[str, Path]) -> Dict[str, Set[str]]:
+    """Each module → the package's modules it imports (a ``from M import name`` counts as
+    importing M, or M.name where that is a module), lazy imports in functions included; a
+    package's ``__init__`` importing its own submodules through its name is no edge to itself."""
+    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def a_cycle(graph: Mapping[str, Set[str]]) -> Optional[Sequence[str]]:
+    """One import cycle of ``graph`` (its modules in order, the first repeated last), or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return e.args[1]
+    return None
+
+
+def test_no_module_imports_itself_through_others():
+    cycle = a_cycle(import_graph(package_modules()))
+    assert cycle is None, f"import cycle: {' -> '.join(reversed(cycle))}"
+
+
+def test_deploy_lies_below_evaluation():
+    assert LAYERS["deploy"] < LAYERS["evaluation"]
+    evaluate = package_modules()["fairseq_rope.evaluation.evaluate"]
+    assert {"fairseq_rope.deploy.export", "fairseq_rope.deploy.generate"} <= imports_of(evaluate)
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, {"a", "b", "c"}),
+    ({"a": {"a"}}, {"a"}),
+    ({"a": {"b"}, "b": set(), "c": {"a", "b"}}, None),
+])
+def test_the_cycle_check_sees_a_cycle(graph, expected):
+    cycle = a_cycle(graph)
+    assert (None if cycle is None else set(cycle)) == expected
+
+
+def test_the_graph_sees_a_lazy_import(tmp_path):
+    lazy = tmp_path / "convergence.py"
+    lazy.write_text("def rule():\n    from fairseq_rope.experiments.training import parse_command\n")
+    modules = {"fairseq_rope.experiments.convergence": lazy,
+               "fairseq_rope.experiments.training": tmp_path / "training.py"}
+    (tmp_path / "training.py").write_text("from fairseq_rope.experiments.convergence import Rule\n")
+    assert a_cycle(import_graph(modules)) is not None

@@ -1,7 +1,7 @@
 """CTranslate2's beam search set up to decode as fairseq-generate does.
 
 fairseq's ``SequenceGenerator`` with ``--beam B --lenpen P --max-len-a A --max-len-b L``
-(the tables': :data:`~fairseq_rope.evaluation.decoding.TABLE_DECODING`) and CTranslate2's
+(the tables': :data:`~fairseq_rope.base.TABLE_DECODING`) and CTranslate2's
 ``translate_batch`` share the algorithm: 2B candidates per step, finished (EOS) ones among
 the best B kept aside, the search of a sentence over once B hypotheses are finished, the best
 one by score / length^P (EOS counted in the length). The options below close the gaps:
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from fairseq_rope.deploy.model_dir import ModelDirectory
-from fairseq_rope.evaluation.decoding import TABLE_DECODING
+from fairseq_rope.base import TABLE_DECODING
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from fairseq_rope import base
-from fairseq_rope.base import FairseqRopeError, PathLike, report_error
-from fairseq_rope.checkpoints import load_checkpoint
+from fairseq_rope.base import TABLE_DECODING, FairseqRopeError, PathLike, report_error
+from fairseq_rope.checkpoints import UNREADABLE, load_checkpoint
+from fairseq_rope.data.data_bin import DataBinError, infer_language_pair
 from fairseq_rope.data.prepare.text import TOKENIZER_OPTIONS
 from fairseq_rope.deploy import DeployError, require_ctranslate2, spec as specs
 from fairseq_rope.deploy.model_dir import BPE_CODES, ModelDirectory
-from fairseq_rope.evaluation.averaging import UNREADABLE
-from fairseq_rope.evaluation.decoding import TABLE_DECODING
 
 #: Largest difference of a forced-decoding log-probability allowed between the fairseq model
 #: and its float32 export (measured: about 1e-5 on the tiny models, fp32 rounding).
@@ -200,12 +199,10 @@ def _data(state: Dict[str, Any], args: Namespace, data_bin: Optional[PathLike],
 
 
 def _infer_languages(data_bin: Path, source: Optional[str], target: Optional[str]) -> Tuple[str, str]:
-    from fairseq_rope.evaluation.scoring import ScoringError, infer_language_pair
-
     for subset in ("train", "valid", "test"):
         try:
             return infer_language_pair(data_bin, subset)
-        except ScoringError:
+        except DataBinError:
             continue
     raise DeployError(f"cannot tell the languages of {data_bin} (no binarized subset): pass "
                       "--source-lang and --target-lang")

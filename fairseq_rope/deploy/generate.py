@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO
 
-from fairseq_rope.base import FairseqRopeError, PathLike, report_error
+from fairseq_rope.base import TABLE_DECODING, FairseqRopeError, PathLike, report_error
 from fairseq_rope.deploy import DeployError, require_ctranslate2
 from fairseq_rope.deploy.decoding import Decoding, Hypothesis, to_base2, translate
 from fairseq_rope.deploy.model_dir import ModelDirectory
-from fairseq_rope.evaluation.decoding import TABLE_DECODING
 
 #: Target tokens per forced-decoding batch of the ``P-`` scores. Its logits are (tokens ×
 #: vocabulary) floats: at --max-tokens 8192 and 9,656 types the scoring pass peaked at

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
 import torch
 
 from fairseq_rope.base import FairseqRopeError, PathLike, atomic_path, report_error
-from fairseq_rope.checkpoints import load_checkpoint
+from fairseq_rope.checkpoints import UNREADABLE, load_checkpoint
 
 Kind = Literal["update", "epoch"]
 
@@ -54,8 +54,6 @@ ARCHITECTURE_PREFIXES = ("encoder_", "decoder_", "rope_", "rpe_", "share_")
 # One row per dictionary entry: a shape mismatch here is a different vocabulary.
 VOCABULARY_PARAMETERS = ("embed_tokens.weight", "output_projection.weight")
 NOT_ARCHITECTURE = re.compile(r"dropout|layerdrop|_path$")
-# What torch.load raises for a truncated, corrupt or unreadable file.
-UNREADABLE = (OSError, EOFError, RuntimeError, pickle.UnpicklingError)
 
 
 class AveragingError(FairseqRopeError, ValueError):

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, List, Mapping, Sequence
 
 import torch
 
-from fairseq_rope.base import PLUGIN_DIR, fairseq_command
+from fairseq_rope.base import PLUGIN_DIR, TABLE_DECODING, fairseq_command
 from fairseq_rope.evaluation.scoring import ScoringError
-
-#: The paper's decoding (fairseq's default length limit: 0 x source + 200 subwords).
-TABLE_DECODING: Dict[str, Any] = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200}
 
 
 def generate_command(checkpoint: Path, data_bin: Path, subset: str = "test",

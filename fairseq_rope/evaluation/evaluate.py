@@ -10,8 +10,9 @@ sacreBLEU (:mod:`fairseq_rope.evaluation.scoring` explains both).
 ``--engine ctranslate2`` decodes with CTranslate2 instead of fairseq-generate: the averaged
 checkpoint is exported (``fairseq-rope-export-ct2``, ``--quantization`` for its weights) to
 ``EVAL_DIR/ctranslate2[-Q]`` and decoded as fairseq-generate decodes
-(:mod:`fairseq_rope.deploy.generate`, the same beam, length penalty and length limit,
-fairseq-generate's output format); the scoring is the same code. The results go to
+(:func:`fairseq_rope.deploy.generate.generate`, the same beam, length penalty and length limit,
+fairseq-generate's output format; extra fairseq-generate arguments are refused); the
+scoring is the same code. The results go to
 ``SAVE_DIR/eval-ctranslate2[-Q]/`` unless ``--eval-dir`` says otherwise, beside fairseq's
 ``eval/``, and ``results.json`` names the engine.
 
@@ -41,7 +42,9 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import FairseqRopeError, fairseq_command, report_error, split_passthrough
+from fairseq_rope.base import TABLE_DECODING, FairseqRopeError, fairseq_command, report_error, split_passthrough
+from fairseq_rope.deploy import export, generate
+from fairseq_rope.deploy.decoding import Decoding
 from fairseq_rope.evaluation import averaging, scoring
 from fairseq_rope.evaluation.decoding import generate_command
 
@@ -65,23 +68,22 @@ def decode(command: Sequence[str], output: Path, log: Path) -> bool:
     return True
 
 
-def decode_with_ctranslate2(checkpoint: Path, args: argparse.Namespace, eval_dir: Path, output: Path,
-                            extra: Sequence[str]) -> Tuple[List[str], List[str]]:
+def decode_with_ctranslate2(checkpoint: Path, args: argparse.Namespace, eval_dir: Path,
+                            output: Path) -> Tuple[List[str], List[str]]:
     """Export ``checkpoint`` and decode the subset with it into ``output`` (atomically);
-    returns the decoding command line and scoring's ``--engine`` arguments."""
-    from fairseq_rope.deploy import export, generate
-
+    returns the decoding's command line (what results.json records: the same decoding run on
+    its own) and scoring's ``--engine`` arguments."""
     model_dir = eval_dir / "-".join([CTRANSLATE2, *([args.quantization] if args.quantization else [])])
     codes = export.default_bpe_codes(args.data_bin)  # for raw text later; decoding needs none
     settings = export.export_checkpoint(checkpoint, model_dir, data_bin=args.data_bin,
                                         bpe_codes=codes if codes.is_file() else None,
                                         quantization=args.quantization, force=True)
-    command = generate.generate_command(model_dir, args.data_bin, args.subset, max_tokens=args.max_tokens,
-                                        threads=args.threads) + list(extra)
     print(f"decoding with CTranslate2 ({model_dir}) -> {output}", file=sys.stderr)
     with base.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as out:
-        if generate.main(command[3:], out=out) != 0:  # [python, -m, module, ...]
-            raise FairseqRopeError("decoding with CTranslate2 failed")
+        generate.generate(model_dir, args.data_bin, out, args.subset, Decoding.from_settings(TABLE_DECODING),
+                          max_tokens=args.max_tokens, threads=args.threads)
+    command = generate.generate_command(model_dir, args.data_bin, args.subset, max_tokens=args.max_tokens,
+                                        threads=args.threads)
     engine = ["--engine", CTRANSLATE2, "--engine-info", f"version={settings.provenance['ctranslate2']}",
               "--engine-info", f"quantization={settings.quantization or 'float32'}",
               "--engine-info", f"model_dir={model_dir.resolve()}"]
@@ -126,6 +128,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = parse_args(own)
+    if args.engine == CTRANSLATE2 and extra:
+        print(f"error: extra arguments go to fairseq-generate, which --engine ctranslate2 does not run: "
+              f"{' '.join(extra)}", file=sys.stderr)
+        return 2
     for directory in (args.save_dir, args.data_bin):
         if not directory.is_dir():
             print(f"error: no such directory: {directory}", file=sys.stderr)
@@ -159,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output = eval_dir / f"generate-{args.subset}.txt"
     if args.engine == CTRANSLATE2:
         try:
-            command, engine = decode_with_ctranslate2(averaged, args, eval_dir, output, extra)
+            command, engine = decode_with_ctranslate2(averaged, args, eval_dir, output)
         except FairseqRopeError as e:
             return report_error(e)
     else:

@@ -39,6 +39,7 @@ from sacremoses import MosesDetokenizer
 
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, PathLike, read_lines, report_error, split_passthrough
+from fairseq_rope.data.data_bin import DataBinError, infer_language_pair
 
 
 # fairseq-generate lines: S-<id>\tsource, T-<id>\ttarget, H-<id>\tscore\thypothesis,
@@ -178,28 +179,15 @@ def length_limits(source_tokens: Sequence[int], max_len_a: float, max_len_b: int
     return [int(max_len_a * n + max_len_b) for n in source_tokens]
 
 
-def infer_language_pair(data_bin: PathLike, subset: str) -> Tuple[str, str]:
-    """(source, target) languages of ``subset`` in a fairseq-preprocess directory."""
-    pairs = set()
-    for path in Path(data_bin).glob(f"{subset}.*-*.*.idx"):
-        m = re.fullmatch(rf"{re.escape(subset)}\.([^.-]+)-([^.-]+)\.[^.]+\.idx", path.name)
-        if m:
-            pairs.add((m.group(1), m.group(2)))
-    if len(pairs) != 1:
-        found = ", ".join("-".join(p) for p in sorted(pairs)) or "none"
-        raise ScoringError(
-            f"cannot infer the language pair of subset {subset!r} in {data_bin} "
-            f"(pairs found: {found}); pass --target-lang"
-        )
-    return pairs.pop()
-
-
 def check_test_set(data_bin: PathLike, subset: str) -> Tuple[str, str]:
     """(source, target) of ``subset``, after checking its dictionaries and both sides exist.
 
     A subset binarized without its target side has no references to score against.
     """
-    source_lang, target_lang = infer_language_pair(data_bin, subset)
+    try:
+        source_lang, target_lang = infer_language_pair(data_bin, subset)
+    except DataBinError as e:
+        raise ScoringError(f"{e}; pass --target-lang") from None
     data_bin = Path(data_bin)
     for lang in (source_lang, target_lang):
         if not (data_bin / f"dict.{lang}.txt").is_file():

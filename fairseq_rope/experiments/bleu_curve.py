@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from fairseq_rope import base
-from fairseq_rope.base import command_line, report_error
+from fairseq_rope.base import TABLE_DECODING, command_line, report_error
 from fairseq_rope.evaluation.averaging import AveragingError, average_last_checkpoints, find_checkpoints
 from fairseq_rope.evaluation.report import finish, markdown_table, new_axes
-from fairseq_rope.evaluation.decoding import TABLE_DECODING, generate
+from fairseq_rope.evaluation.decoding import generate
 from fairseq_rope.evaluation.scoring import (
     ScoringError,
     check_test_set,

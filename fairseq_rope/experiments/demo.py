@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 
 from fairseq_rope.base import report_error
 from fairseq_rope.data.demo_corpus import write_corpus
-from fairseq_rope.experiments.reproduce import DEMO_CORPUS, DEMO_VOCAB_SIZE, entry_point, run_step
-from fairseq_rope.experiments.table import TableError
+from fairseq_rope.experiments.reproduce import entry_point, run_step
+from fairseq_rope.experiments.table import DEMO_CORPUS, DEMO_VOCAB_SIZE, TableError
 
 CONFIG = "rope_demo"
 

@@ -28,7 +28,7 @@ from fairseq_rope import base
 from fairseq_rope.base import PathLike, read_lines
 from fairseq_rope.data.demo_corpus import Pair, generate_pairs
 from fairseq_rope.data.prepare.pipeline import sha256_file
-from fairseq_rope.evaluation.scoring import infer_language_pair
+from fairseq_rope.data.data_bin import infer_language_pair
 
 CORPUS_SETTINGS = "corpus.json"  # written last: its presence marks a complete corpus
 

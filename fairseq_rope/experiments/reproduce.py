@@ -13,9 +13,10 @@ directory layout), each step resumable:
 3. average the last 5 checkpoints, decode and score with ``scripts/evaluate.sh``
    (skipped when training was and results exist); for ``demo-length`` also
    BLEU per source-length bucket;
-4. write ``eval/run.json`` beside ``results.json``: the run's row, scale,
-   seed, config, arch, parameter count, training speed and wall time, number
-   of updates, BLEU and validation-loss curve — what ``collect`` tabulates.
+4. write ``eval/run.json`` beside ``results.json``
+   (:mod:`fairseq_rope.experiments.summary`): the run's row, scale, seed, config,
+   arch, parameter count, training speed and wall time, number of updates, BLEU
+   and validation-loss curve — what ``collect`` tabulates.
 
 ``scripts/reproduce_table.sh collect [--scale S]`` is :mod:`fairseq_rope.experiments.collect`.
 """
@@ -23,40 +24,32 @@ directory layout), each step resumable:
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from fairseq_rope import base
-from fairseq_rope.experiments import collect, training
-from fairseq_rope.experiments.train_log import (
-    PROVENANCE_KEYS,
-    TrainLog,
-    logged_provenance,
-    read_train_log,
-)
-from fairseq_rope.evaluation.averaging import tied_aliases
-from fairseq_rope.checkpoints import load_checkpoint
 from fairseq_rope.base import report_error, split_passthrough
+from fairseq_rope.data.data_bin import infer_language_pair
 from fairseq_rope.data.demo_corpus import write_corpus
-from fairseq_rope.experiments.config import load_experiment, resolve_config
-from fairseq_rope.experiments.convergence import Rule, converged_at
-from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
-from fairseq_rope.evaluation.bleu_by_length import length_report
-from fairseq_rope.evaluation.scoring import infer_language_pair
-from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
 from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
-from fairseq_rope.data.prepare.pipeline import sha256_file
+from fairseq_rope.evaluation.bleu_by_length import length_report
+from fairseq_rope.experiments import collect
+from fairseq_rope.experiments.command import option_value
+from fairseq_rope.experiments.config import load_experiment, resolve_config
+from fairseq_rope.experiments.convergence import Rule, StopAtConvergence, converged_at, describe
+from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
+from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
+from fairseq_rope.experiments.summary import summarize_run
 from fairseq_rope.experiments.table import (
     BUDGET_EVAL_DIR,
     DEFAULT_RESULTS_DIR,
     DEFAULT_WORK_DIR,
+    DEMO_CORPUS,
+    DEMO_VOCAB_SIZE,
     EVAL_DIR,
     ROWS,
     SCALES,
@@ -71,16 +64,10 @@ from fairseq_rope.experiments.table import (
     scale_dir,
     summary_path,
 )
+from fairseq_rope.experiments.train_log import read_train_log
 
-
-# The demo corpus and vocabulary of `make demo` (fairseq_rope/experiments/demo.py).
-DEMO_CORPUS = {"train": 20000, "valid": 500, "test": 500}
-DEMO_VOCAB_SIZE = 2000
 # Set by reproduce_table.sh itself: an extra argument must not redirect them.
 RESERVED_EXTRA = ("--seed", "--save-dir", "--user-dir", "--cpu")
-# State-dict entries that are buffers, not parameters (fairseq's version
-# counters, the sinusoidal embeddings' device/dtype marker).
-BUFFER_NAMES = ("version", "_float_tensor")
 
 WMT14_LENGTH_HELP = """\
 Length extrapolation: --scale demo-length trains a row on synthetic sentences of
@@ -150,10 +137,10 @@ def train(config: Path, data_bin: Path, save_dir: Path, seed: int, extra: Sequen
             print(f"{save_dir}: already trained ({done} updates, --max-update {rule.max_update})",
                   file=sys.stderr)
             return None
-        stop = training.StopAtConvergence(train_argv(config, extra), log)  # what train.sh would say
+        stop = StopAtConvergence(train_argv(config, extra), log)  # what train.sh would say
         converged = stop.converged()
         if converged is not None:
-            print(f"{save_dir}: already {training.describe(converged, stop.rule)}", file=sys.stderr)
+            print(f"{save_dir}: already {describe(converged, stop.rule)}", file=sys.stderr)
             return None
     start = time.monotonic()
     run_step([*entry_point("experiments.training"), config, data_bin, save_dir, "--seed", str(seed), *extra],
@@ -186,7 +173,7 @@ def convergence_of(save_dir: Path, config: Path, extra: Sequence[str]) -> Dict[s
         raise TableError(f"{save_dir} has not converged by its rule (patience {rule.patience}, cap "
                          f"{rule.max_update}; last validation at update {last}): rerun to resume it")
     return {"patience": rule.patience, "max_update": rule.max_update,
-            "validate_interval_updates": option_value(argv, "--validate-interval-updates"),
+            "validate_interval_updates": option_value(argv, "validate-interval-updates"),
             **converged.to_json()}
 
 
@@ -208,147 +195,6 @@ def run_step(command: Sequence[Any], device: Device = CPU) -> None:
         raise TableError(f"{' '.join(command[1:3])} failed (its output is above)")
 
 
-# --- The run's summary
-
-
-def count_parameters(model_state: Mapping[str, Any]) -> int:
-    """Elements of a checkpoint's model state: tied tensors once, buffers excluded."""
-    aliases = tied_aliases(model_state)
-    return sum(
-        value.numel() for key, value in model_state.items()
-        if key not in aliases and hasattr(value, "numel")
-        and key.rsplit(".", 1)[-1] not in BUFFER_NAMES
-    )
-
-
-def train_command(save_dir: Path) -> List[str]:
-    """The fairseq-train command of ``command.txt`` (written by train.sh), as arguments."""
-    lines = (save_dir / "command.txt").read_text(encoding="utf-8").splitlines()
-    return shlex.split(lines[-1])
-
-
-def option_value(argv: Sequence[str], option: str) -> Optional[str]:
-    """The value of the last ``option VALUE`` in ``argv`` (argparse: the last one wins)."""
-    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == option]
-    return values[-1] if values else None
-
-
-def summarize_run(
-    row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
-    extra: Sequence[str] = (), timer_seconds: Optional[float] = None,
-    length: Optional[Dict[str, Any]] = None, convergence: Optional[Mapping[str, Any]] = None,
-    budget_length: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
-    """The run's ``run.json`` (written atomically) from its log, results and averaged checkpoint.
-
-    What it trained with comes from its log (:func:`logged_provenance`); a run whose log
-    recorded none keeps what an earlier ``run.json`` of it says. A run of a converged scale
-    (``convergence``: :func:`convergence_of`) also gets its valid BLEU curve and,
-    under ``equal_budget``, the scores and training time of its ``eval-budget/`` evaluation.
-    Its ``date`` is when the test set was scored (the evaluation's own), so re-recording a
-    finished cell (rerunning its command) keeps it.
-    """
-    results = _read_json(save_dir / EVAL_DIR / "results.json")
-    log = read_train_log(save_dir)
-    command = train_command(save_dir)
-    checkpoint = load_checkpoint(results["checkpoint"])
-    model_state = checkpoint["model"]
-    provenance = logged_provenance(log)
-    previous = summary_path(save_dir)
-    if not provenance["train_invocations_recorded"] and previous.is_file():
-        earlier = _read_json(previous)
-        provenance.update({key: earlier.get(key) for key in PROVENANCE_KEYS if provenance[key] is None})
-    summary: Dict[str, Any] = {
-        "row": row.name,
-        "scale": scale.name,
-        "language_pair": scale.language_pair,
-        "seed": seed,
-        "config": config.stem,
-        "config_path": str(config),
-        "arch": option_value(command, "--arch"),
-        "extra_train_args": list(extra),
-        "parameters": count_parameters(model_state),
-        **_speed(log),
-        **_wall_time(checkpoint, log, timer_seconds),
-        **provenance,
-        "num_updates": log.num_updates,
-        **_scores(results),
-        "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
-        "reproduce_command": command_line,
-        "date": results.get("date") or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-    }
-    if length is not None:
-        summary["bleu_by_length"] = length
-    if convergence is not None:
-        budget = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
-        summary.update({
-            "valid_bleu": [[u, bleu] for u, bleu in sorted(log.valid_bleu.items())],
-            "convergence": dict(convergence),
-            "updates_at_convergence": convergence["update"],
-            "equal_budget": {"updates": scale.equal_budget, **_scores(budget),
-                             "train_wall_seconds": _cumulative_training_time(load_checkpoint(budget["checkpoint"])),
-                             **_speed(log, upto=scale.equal_budget),
-                             **({"bleu_by_length": budget_length} if budget_length is not None else {})},
-        })
-    base.write_json(summary_path(save_dir), summary)
-    return summary
-
-
-def _scores(results: Mapping[str, Any]) -> Dict[str, Any]:
-    """What run.json keeps of an evaluation's results.json."""
-    return {
-        "bleu_tokenized": results["bleu_tokenized"],
-        "sacrebleu": results.get("sacrebleu"),
-        "bleu_tokenized_signature": results.get("bleu_tokenized_signature"),
-        "sacrebleu_signature": results.get("sacrebleu_signature"),
-        "chrf": results.get("chrf"),
-        "chrf_signature": results.get("chrf_signature"),
-        "runaways": results.get("runaways"),
-        "num_test_sentences": results.get("num_sentences"),
-        "raw_reference": results.get("raw_reference"),
-        "raw_reference_sha256": _sha256(results.get("raw_reference")),
-        "checkpoint": results["checkpoint"],
-    }
-
-
-def _sha256(path: Optional[str]) -> Optional[str]:
-    return sha256_file(Path(path)) if path and Path(path).is_file() else None
-
-
-#: How a record's tokens/s was averaged; records without it (made before 2026-11-26) took every epoch.
-FULL_EPOCHS = "full epochs: those of at least half the updates of the longest"
-
-
-def _speed(log: TrainLog, upto: Optional[int] = None) -> Dict[str, Any]:
-    """Mean of the full epochs' wps (to update ``upto``), and the slowest and fastest of them:
-    far apart when the CPU was shared part of the time or the run resumed on other hardware."""
-    wps = log.full_epoch_wps(upto)
-    return {"train_tokens_per_second": statistics.fmean(wps) if wps else None,
-            "train_tokens_per_second_range": [min(wps), max(wps)] if wps else None,
-            "train_tokens_per_second_epochs": FULL_EPOCHS}
-
-
-def _cumulative_training_time(checkpoint: Mapping[str, Any]) -> Optional[float]:
-    """fairseq's training time up to ``checkpoint`` (an averaged one keeps the newest's): it saves
-    it in every checkpoint and carries it across resumes, so it counts every invocation that led
-    to it, validation included, and none of the time an interrupted one lost after its last save."""
-    seconds = (checkpoint.get("extra_state") or {}).get("previous_training_time")
-    return None if seconds is None else float(seconds)
-
-
-def _wall_time(checkpoint: Mapping[str, Any], log: TrainLog, timer_seconds: Optional[float]) -> Dict[str, Any]:
-    seconds = _cumulative_training_time(checkpoint)
-    if seconds is not None:
-        return {"train_wall_seconds": seconds,
-                "train_wall_source": "fairseq's training time saved in the newest averaged checkpoint "
-                                     "(previous_training_time, carried across resumes)"}
-    if log.training_seconds:
-        return {"train_wall_seconds": sum(log.training_seconds),
-                "train_wall_source": "sum of fairseq-train's 'done training in' over "
-                                     f"{len(log.training_seconds)} invocation(s)"}
-    return {"train_wall_seconds": timer_seconds, "train_wall_source": "timer around train.sh"}
-
-
 def reproduce_command(
     row: Row, scale: Scale, seed: int, extra: Sequence[str] = (), work_dir: Optional[Path] = None,
     device: Device = CPU,
@@ -363,11 +209,6 @@ def reproduce_command(
     if extra:
         words += ["--", *extra]
     return " ".join(shlex.quote(w) for w in words)
-
-
-def _read_json(path: Path) -> Dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def length_results(scale: Scale, save_dir: Path, data_bin: Path, eval_dir: str = EVAL_DIR) -> Dict[str, Any]:

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import PathLike, command_line, report_error
+from fairseq_rope.base import TABLE_DECODING, PathLike, command_line, report_error
 from fairseq_rope.evaluation.report import markdown_table
-from fairseq_rope.evaluation.decoding import TABLE_DECODING, generate
+from fairseq_rope.evaluation.decoding import generate
 from fairseq_rope.evaluation.scoring import (
     ScoringError,
     Translation,

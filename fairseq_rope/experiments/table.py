@@ -133,6 +133,11 @@ MULTI30K_EDGES = (8, 12, 16, 20, 25)
 #: of the training pairs (18,117 of 29,000), and 54 % of test2016.
 MULTI30K_MAX_TRAIN_WORDS = 12
 
+#: The demo scales' synthetic corpus (sentence pairs per split) and BPE vocabulary; ``make demo``
+#: (:mod:`fairseq_rope.experiments.demo`) trains on the same.
+DEMO_CORPUS = {"train": 20000, "valid": 500, "test": 500}
+DEMO_VOCAB_SIZE = 2000
+
 #: The multi30k table's training budget (configs/base/multi30k.yaml, max-update).
 MULTI30K_BUDGET = 1791
 

@@ -45,20 +45,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, report_error, split_passthrough
 from fairseq_rope.experiments.config import DEFAULT_CONFIG_DIR, ConfigError, load_experiment, training_argv
-from fairseq_rope.experiments.convergence import Convergence, Rule, converged_at
-from fairseq_rope.experiments.train_log import (
-    HEADER_PREFIX,
-    LOG_FILE,
-    PROGRAM,
-    PROVENANCE_KEYS,
-    PROVENANCE_PREFIX,
-    SAVED_CHECKPOINT,
-    TrainLog,
-    parse_train_log,
-    read_train_log,
-)
+from fairseq_rope.experiments.command import COMMAND_FILE, last_value, parse_command, read_command
+from fairseq_rope.experiments.convergence import StopAtConvergence, describe
+from fairseq_rope.experiments.train_log import HEADER_PREFIX, LOG_FILE, PROGRAM, PROVENANCE_KEYS, PROVENANCE_PREFIX
 
-COMMAND_FILE = "command.txt"
 # Options that may differ between the runs of one SAVE_DIR: when to stop, and
 # how often to validate, save and log. None of them changes the model, the
 # data or the update rule, so a run continued with other values is the same run.
@@ -79,9 +69,6 @@ UNCOMPARED_OPTIONS = frozenset({
 HINT = ("use another SAVE_DIR for a new run, rerun with the recorded command (SAVE_DIR/command.txt) "
         "to resume this one, or pass --force to continue from its checkpoints with the new arguments")
 
-Options = Dict[str, Tuple[str, ...]]
-
-
 class TrainingError(FairseqRopeError, ValueError):
     """Bad input to train.sh, reported before anything is written."""
 
@@ -92,9 +79,9 @@ class TrainingError(FairseqRopeError, ValueError):
 def check_data_bin(data: str, argv: Sequence[str]) -> None:
     """Raise unless every ``:``-separated path of ``data`` is a readable, complete data-bin."""
     _, options = parse_command(argv)
-    subsets = [_last(options, "train-subset", "train")]
+    subsets = [last_value(options, "train-subset", "train")]
     if "disable-validation" not in options:
-        subsets += _last(options, "valid-subset", "valid").split(",")
+        subsets += last_value(options, "valid-subset", "valid").split(",")
     for path in map(Path, data.split(":")):  # fairseq's sharded data: one data-bin per epoch
         _check_one_data_bin(path, subsets)
 
@@ -138,33 +125,6 @@ def check_options(argv: Sequence[str]) -> None:
 # --- SAVE_DIR: same run or not
 
 
-def parse_command(argv: Sequence[str]) -> Tuple[List[str], Options]:
-    """(positional arguments, options) of fairseq-train arguments, argparse-style.
-
-    ``--name=value`` and ``--name value...`` are the same; a repeated option
-    keeps its last values, as argparse does.
-    """
-    positional: List[str] = []
-    options: Options = {}
-    name: Optional[str] = None
-    for arg in argv:
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            options[name] = (value,) if eq else ()
-            if eq:
-                name = None
-        elif name is not None:
-            options[name] += (arg,)
-        else:
-            positional.append(arg)
-    return positional, options
-
-
-def _last(options: Options, name: str, default: str) -> str:
-    values = options.get(name)
-    return values[-1] if values else default
-
-
 def _resolved_data(data: str, cwd: str) -> str:
     return ":".join(os.path.realpath(os.path.join(cwd, part)) for part in data.split(":"))
 
@@ -186,15 +146,6 @@ def _show(values: Optional[Tuple[str, ...]]) -> str:
     if values is None:
         return "(not given)"
     return " ".join(shlex.quote(v) for v in values) if values else "(flag set)"
-
-
-def read_command(save_dir: Path) -> Tuple[str, List[str]]:
-    """(directory, fairseq-train arguments) recorded in ``save_dir/command.txt``."""
-    lines = (save_dir / COMMAND_FILE).read_text(encoding="utf-8").splitlines()
-    cd, command = shlex.split(lines[0]), shlex.split(lines[1])
-    if cd[:1] != ["cd"] or len(cd) != 2 or command[:1] != [PROGRAM]:
-        raise ValueError("not a 'cd DIR' line followed by a fairseq-train command")
-    return cd[1], command[1:]
 
 
 def check_save_dir(save_dir: Path, argv: Sequence[str], cwd: str, force: bool) -> None:
@@ -286,47 +237,6 @@ def check_run(args: argparse.Namespace, extra: Sequence[str]) -> List[str]:
     check_save_dir(Path(args.save_dir), train_argv, cwd, args.force)
     Path(args.save_dir).mkdir(parents=True, exist_ok=True)
     return train_argv
-
-
-class StopAtConvergence:
-    """Where a run's convergence rule (``--patience``, :mod:`~fairseq_rope.experiments.convergence`)
-    stops it, over the validations of all its invocations.
-
-    fairseq applies ``--patience`` from its own start only, so a resumed run would train past the
-    point where the rule stops it, and could delete checkpoints the averaging up to that point
-    needs. train.sh therefore stops fairseq-train itself once the rule is met and the checkpoint
-    of that validation is saved, and does not start it for a run the rule has already stopped.
-    """
-
-    def __init__(self, argv: Sequence[str], earlier: TrainLog):
-        self.rule = Rule.from_argv(argv)
-        self.curve = dict(earlier.valid_bleu)
-        # The rule judges valid BLEU, higher is better: fairseq's patience on any other metric
-        # (valid loss by default) is left to fairseq.
-        _, options = parse_command(argv)
-        self.on_bleu = options.get("best-checkpoint-metric", ())[-1:] == ("bleu",) and \
-            "maximize-best-checkpoint-metric" in options
-
-    @classmethod
-    def of_run(cls, save_dir: Path, argv: Sequence[str]) -> "StopAtConvergence":
-        log = save_dir / LOG_FILE
-        return cls(argv, read_train_log(save_dir) if log.is_file() else TrainLog())
-
-    def converged(self) -> Optional[Convergence]:
-        return converged_at(self.curve, self.rule) if self.rule.patience > 0 and self.on_bleu else None
-
-    def after(self, line: str) -> Optional[Convergence]:
-        """The convergence to stop at, once fairseq's next ``line`` says its checkpoint is saved."""
-        self.curve.update(parse_train_log([line]).valid_bleu)
-        saved = SAVED_CHECKPOINT.search(line)
-        converged = self.converged() if saved is not None else None
-        return converged if converged is not None and int(saved.group(1)) >= converged.update else None
-
-
-def describe(converged: Convergence, rule: Rule) -> str:
-    return (f"converged at update {converged.update} by its rule (--patience {rule.patience}, "
-            f"--max-update {rule.max_update}: {converged.reason}; best valid BLEU "
-            f"{converged.best_bleu:.2f} at {converged.best_update})")
 
 
 def run_logged(command: Sequence[str], log: Path, stop: Optional[StopAtConvergence] = None) -> int:

@@ -12,7 +12,7 @@ import torch
 
 from fairseq_rope.experiments.table import ROWS
 from fairseq_rope.experiments import config as experiment
-from fairseq_rope.evaluation.decoding import TABLE_DECODING
+from fairseq_rope.base import TABLE_DECODING
 from fairseq_rope.experiments.config import ConfigError, load_experiment, options_to_argv, training_argv
 
 from fairseq_rope.base import PLUGIN_DIR
@@ -154,12 +154,13 @@ def test_every_shipped_config_parses_with_fairseq(name, tmp_path):
 @pytest.mark.parametrize("name", [n for n in SHIPPED if n.endswith("-converged")])
 def test_the_convergence_rule_validates_as_the_tables_decode(name, tmp_path):
     """Valid BLEU decodes like the test set (beam 4, lenpen 0.6, max length 200), scores BPE-removed,
-    Moses-detokenized German, picks the best checkpoint by it, and keeps enough checkpoints to
+    Moses-detokenized target text (German, or French for the -fr- configs), picks the best checkpoint by it, and keeps enough checkpoints to
     average the last 5 up to where the rule stops a resumed run that trained past it."""
     args = parse_fairseq(training_argv(load_experiment(name), tmp_path / "data-bin", tmp_path / "save"))
     assert json.loads(args.eval_bleu_args) == TABLE_DECODING
     assert args.eval_bleu_remove_bpe == "@@ " and not args.eval_tokenized_bleu
-    assert args.eval_bleu_detok == "moses" and json.loads(args.eval_bleu_detok_args) == {"target_lang": "de"}
+    assert args.eval_bleu_detok == "moses" and json.loads(args.eval_bleu_detok_args) == {
+        "target_lang": "fr" if "-fr-" in name else "de"}
     assert args.best_checkpoint_metric == "bleu" and args.maximize_best_checkpoint_metric
     assert args.validate_interval_updates == args.save_interval_updates == 199  # the multi30k checkpoints
     assert args.keep_interval_updates >= args.patience + 5

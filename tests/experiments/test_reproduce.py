@@ -12,7 +12,9 @@ from typing import Any, Dict, Optional
 import pytest
 import torch
 
+from fairseq_rope.data.prepare.pipeline import sha256_file
 from fairseq_rope.experiments import collect, reproduce, train_log, training
+from fairseq_rope.experiments import summary as run_summary
 from fairseq_rope.evaluation.averaging import average_checkpoints
 from fairseq_rope.experiments.config import load_experiment
 from fairseq_rope.experiments.device import CPU
@@ -119,12 +121,12 @@ def _arch_and_argv(row: str, size: str):
 def test_unknown_row_or_scale_is_a_clear_error(capsys):
     with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi"):
         get_row("absolute")
-    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length"):
+    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length"):
         get_scale("wmt16")
     assert reproduce.main(["absolute", "--scale", "demo"]) == 2
     assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi" in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
-    assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
+    assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length" in capsys.readouterr().err
 
 
 def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
@@ -132,7 +134,7 @@ def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
     assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi "
             "(or `collect` to make the table)") in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
-    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
+    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
@@ -270,7 +272,7 @@ def test_tokens_per_second_leave_out_an_epoch_cut_short_by_the_end_of_training()
     log = train_log.parse_train_log(lines)
     assert log.full_epoch_wps() == [28000.0, 29000.0, 27000.0]
     assert log.full_epoch_wps(upto=144) == [28000.0, 29000.0]
-    speed = reproduce._speed(log)
+    speed = run_summary._speed(log)
     assert speed["train_tokens_per_second"] == 28000.0
     assert speed["train_tokens_per_second_range"] == [27000.0, 29000.0]
     # An epoch of half the longest's updates still counts.
@@ -287,7 +289,7 @@ def tiny_state(dict_dir):
 
 def test_parameter_count_counts_tied_embeddings_once_also_after_averaging(tiny_state, tmp_path):
     state, expected = tiny_state
-    assert reproduce.count_parameters(state) == expected
+    assert run_summary.count_parameters(state) == expected
     paths = []
     for i in range(2):
         paths.append(tmp_path / f"c{i}.pt")
@@ -295,7 +297,7 @@ def test_parameter_count_counts_tied_embeddings_once_also_after_averaging(tiny_s
     averaged = tmp_path / "avg.pt"
     torch.save(average_checkpoints(paths), averaged)
     model = torch.load(averaged, weights_only=True)["model"]
-    assert reproduce.count_parameters(model) == expected
+    assert run_summary.count_parameters(model) == expected
     assert model["decoder.output_projection.weight"] is model["encoder.embed_tokens.weight"]
 
 
@@ -339,7 +341,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
          "date": "2026-01-02T03:04:05+00:00"}))
     (save / "eval" / "run.json").unlink()
     command = reproduce.reproduce_command(ROWS["sinusoidal"], SCALES["demo"], 3, ["--max-update", "150"])
-    summary = reproduce.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 3, save,
+    summary = run_summary.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 3, save,
                                       Path("configs/sinusoidal_demo.yaml"), command,
                                       ["--max-update", "150"], 99.0)
     assert json.loads(summary_path(save).read_text()) == summary
@@ -348,7 +350,7 @@ def test_summarize_run_writes_run_json(tiny_state, tmp_path):
     assert summary["language_pair"] == "en-de"
     assert summary["train_tokens_per_second"] == 25000.0  # mean of the two epoch summaries
     assert summary["train_tokens_per_second_range"] == [20000.0, 30000.0]
-    assert summary["train_tokens_per_second_epochs"] == reproduce.FULL_EPOCHS
+    assert summary["train_tokens_per_second_epochs"] == run_summary.FULL_EPOCHS
     # No training time in the checkpoint: the sum of fairseq-train's "done training in".
     assert summary["train_wall_seconds"] == 24.1 and summary["num_updates"] == 150
     assert summary["valid_loss"] == [[60, 8.5], [120, 7.0]]
@@ -372,7 +374,7 @@ def test_a_resumed_runs_wall_time_is_fairseqs_own_and_an_older_record_keeps_its_
     (save / "eval" / "results.json").write_text(json.dumps({"bleu_tokenized": 12.5, "checkpoint": str(checkpoint)}))
     earlier = {"train_threads": 2, "train_cpu": "then", "code_commit": "abc", "train_device": "cpu"}
     summary_path(save).write_text(json.dumps(earlier))
-    summary = reproduce.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 1, save,
+    summary = run_summary.summarize_run(ROWS["sinusoidal"], SCALES["demo"], 1, save,
                                       Path("configs/sinusoidal_demo.yaml"), "command")
     assert summary["train_wall_seconds"] == 5000.5 and "previous_training_time" in summary["train_wall_source"]
     assert {key: summary[key] for key in earlier} == earlier
@@ -514,7 +516,7 @@ def write_outputs(run: Path, hypotheses, reference: Path, runaways=(0, 0)) -> No
     """Detokenized hypotheses and what run.json records of the references and runaways."""
     (run / "eval" / "hyps.detok.de").write_text("".join(h + "\n" for h in hypotheses))
     summary = json.loads((run / "eval" / "run.json").read_text())
-    summary.update(raw_reference=str(reference), raw_reference_sha256=reproduce._sha256(str(reference)),
+    summary.update(raw_reference=str(reference), raw_reference_sha256=run_summary._sha256(str(reference)),
                    chrf=50.0 + len(hypotheses[0]) / 10,
                    runaways={"ratio": 1.5, "longer_than_ratio": runaways[0], "at_length_limit": runaways[1]})
     (run / "eval" / "run.json").write_text(json.dumps(summary))
@@ -707,7 +709,7 @@ def write_converged_run(work: Path, row: str, seed: int, converged: float, budge
         (save / where).mkdir(exist_ok=True)
         (save / where / "hyps.detok.de").write_text(text)
     summary = json.loads(summary_path(save).read_text())
-    sha = reproduce.sha256_file(reference)
+    sha = sha256_file(reference)
     best = max(b for u, b in curve.items() if u <= stop)
     summary.update({
         "raw_reference": str(reference), "raw_reference_sha256": sha, "train_device": "cpu",
