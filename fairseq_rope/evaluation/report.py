@@ -8,6 +8,10 @@ from typing import Any, List, Sequence, Tuple
 
 from fairseq_rope import base
 
+#: A table cell of a run that did not measure it, and of a row without runs.
+MISSING = "—"
+NOT_RUN = "not run"
+
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

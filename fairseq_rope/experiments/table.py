@@ -54,6 +54,10 @@ BUDGET_EVAL_DIR = "eval-budget"
 RECORDED_HYPOTHESES = {EVAL_DIR: "", BUDGET_EVAL_DIR: "budget."}
 
 
+#: Row name → its runs' run.json, in seed order (a run's ``run_dir``: where it was read).
+Runs = Dict[str, List[Dict[str, Any]]]
+
+
 class TableError(FairseqRopeError, ValueError):
     """An unknown row or scale, or a run directory that cannot be read."""
 
@@ -126,6 +130,9 @@ ROWS: Dict[str, Row] = {row.name: row for row in (
     Row("rope", "RoFormer (RoPE)", ((27.5, "Su et al."),)),
     Row("alibi", "Transformer + ALiBi (Press et al. 2022)"),  # beyond the paper (issue 28)
 )}
+
+#: The row every other is compared with.
+BASELINE = "sinusoidal"
 
 #: Multi30k test2016 buckets (raw English words): 86, 455, 314, 101, 32 and 12 sentences.
 MULTI30K_EDGES = (8, 12, 16, 20, 25)
@@ -228,8 +235,7 @@ def summary_path(run: PathLike) -> Path:
     return Path(run) / "eval" / RUN_SUMMARY
 
 
-def finished_runs(work_dir: PathLike, scale: Scale,
-                  records_dir: Optional[PathLike] = None) -> Dict[str, List[Dict[str, Any]]]:
+def finished_runs(work_dir: PathLike, scale: Scale, records_dir: Optional[PathLike] = None) -> Runs:
     """Every row's finished runs (those with a ``run.json``), in seed order; ``[]`` for rows not run.
 
     With ``records_dir``, the runs finished in ``work_dir`` are first saved as
@@ -238,7 +244,7 @@ def finished_runs(work_dir: PathLike, scale: Scale,
     records: runs whose work directory is gone (another machine, an earlier
     session) stay in it. Each run's ``run_dir`` is then its record.
     """
-    runs: Dict[str, List[Dict[str, Any]]] = {}
+    runs: Runs = {}
     for name in ROWS:
         found = [(path.parent.parent, _read_run(path, name, scale))
                  for path in (scale_dir(work_dir, scale) / name).glob(f"seed*/eval/{RUN_SUMMARY}")]
@@ -251,13 +257,23 @@ def finished_runs(work_dir: PathLike, scale: Scale,
     return runs if records_dir is None else recorded_runs(records_dir, scale)
 
 
-def recorded_runs(records_dir: PathLike, scale: Scale) -> Dict[str, List[Dict[str, Any]]]:
+def recorded_runs(records_dir: PathLike, scale: Scale) -> Runs:
     """Every row's runs recorded in ``records_dir/<scale>/`` (see :func:`finished_runs`), in seed
     order; each run's ``run_dir`` is its record."""
     return {name: sorted(({**_read_run(path, name, scale), "run_dir": str(path.parent)}
                           for path in (Path(records_dir) / scale.name / name).glob(f"seed*/{RUN_SUMMARY}")),
                          key=lambda s: s["seed"])
             for name in ROWS}
+
+
+def shown_path(path: PathLike) -> str:
+    """A path relative to the repository (the tables are committed) or else to the working
+    directory (a worktree of it) when inside one, else absolute."""
+    path = Path(path).resolve()
+    for root in (REPO, Path.cwd().resolve()):
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return str(path)
 
 
 def save_record(run: Path, record: Path) -> None:

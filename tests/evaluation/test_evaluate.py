@@ -98,3 +98,15 @@ def test_bad_test_set_fails_before_averaging(case, toy_data_bin, data_bin_withou
     assert result.returncode == 1, result.stderr
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_ctranslate2_refuses_fairseq_generate_arguments(tmp_path, toy_data_bin, capsys):
+    """--engine ctranslate2 decodes in-process with deploy's decoding: arguments meant for
+    fairseq-generate have nowhere to go, and are refused before anything is averaged."""
+    from fairseq_rope.evaluation import evaluate
+
+    save = fake_run(tmp_path / "run")
+    before = snapshot(tmp_path)
+    assert evaluate.main([str(save), str(toy_data_bin), "--engine", "ctranslate2", "--", "--beam", "5"]) == 2
+    assert "which --engine ctranslate2 does not run: --beam 5" in capsys.readouterr().err
+    assert snapshot(tmp_path) == before

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fairseq_rope.data.prepare.pipeline import sha256_file
-from fairseq_rope.experiments import collect, reproduce, train_log, training
+from fairseq_rope.experiments import cells, collect, reproduce, train_log, training
 from fairseq_rope.experiments import summary as run_summary
 from fairseq_rope.evaluation.averaging import average_checkpoints
 from fairseq_rope.experiments.config import load_experiment
@@ -200,9 +200,9 @@ def test_what_a_run_trained_with_is_read_from_its_log_per_invocation():
         "train_invocations": 3, "train_invocations_recorded": 2}
     gpu = train_log.parse_train_log(["# 2026-01-01T00:00:00 host in /repo: fairseq-train data-bin --arch a"])
     assert train_log.logged_provenance(gpu)["train_device"] is None  # not --cpu: which GPU is unknown
-    assert collect._trained_with(train_log.logged_provenance(log)) == (
+    assert cells._trained_with(train_log.logged_provenance(log)) == (
         "on cpu, 2 threads, Xeon, `a` + `b` (recorded by 2 of its 3 invocations)")
-    assert collect._trained_with({"train_device": "cpu"}) == "on cpu; threads, CPU and commit not recorded"
+    assert cells._trained_with({"train_device": "cpu"}) == "on cpu; threads, CPU and commit not recorded"
 
 
 def test_train_sh_logs_what_each_invocation_trains_with(tmp_path, monkeypatch):
@@ -394,12 +394,12 @@ def table_line(markdown: str, row: str) -> str:
 
 def test_a_cell_keeps_every_seed_in_its_place():
     fmt = "{:.1f}".format
-    assert collect.cell([1.0, 3.0], fmt) == "2.0 ± 1.4 [1.0, 3.0]"
-    assert collect.cell([2.0, 2.0], fmt) == "2.0"  # every seed the same: once
-    assert collect.cell([None, None], fmt) == "—"
+    assert cells.cell([1.0, 3.0], fmt) == "2.0 ± 1.4 [1.0, 3.0]"
+    assert cells.cell([2.0, 2.0], fmt) == "2.0"  # every seed the same: once
+    assert cells.cell([None, None], fmt) == "—"
     # A value some runs did not measure: the mean is over the others, and the list shows which.
-    assert collect.cell([None, 2.0], fmt) == "2.0 [—, 2.0]"
-    assert collect.cell([None, 1.0, 3.0], fmt) == "2.0 ± 1.4 [—, 1.0, 3.0]"
+    assert cells.cell([None, 2.0], fmt) == "2.0 [—, 2.0]"
+    assert cells.cell([None, 1.0, 3.0], fmt) == "2.0 ± 1.4 [—, 1.0, 3.0]"
 
 
 def test_collect_on_fake_runs(tmp_path):
@@ -540,8 +540,9 @@ def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
     main = md.split("## Significance")[0]
     assert "| 1/1, 2/1 |" in table_line(main, "rope")  # runaways per seed: longer / at the limit
     assert "| sacreBLEU | chrF |" in main and "| 53.30 |" in table_line(main, "rope")  # chrF, equal seeds
-    significance = md.split("## Significance")[1].split("## ")[0]
-    rope_lines = [line for line in significance.splitlines() if line.startswith("| rope |")]
+    significance = md.split("## Significance")[1].split("\n## ")[0]
+    bootstrap = significance.split("### Over training seeds")[0]
+    rope_lines = [line for line in bootstrap.splitlines() if line.startswith("| rope |")]
     assert [line.split(" | ")[1] for line in rope_lines] == ["1", "2", "pooled 1+2"]
     assert all("0.001 *" in line for line in rope_lines)  # far better than the baseline everywhere
     assert "| rpe | 1 |" in significance and "| learned | — | not run |" in significance
@@ -558,7 +559,7 @@ def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
     collect.collect(SCALES["multi30k"], work, out)
     again = (out / "multi30k.md").read_text()
     assert table_line(again, "rope") == table_line(md, "rope")
-    assert again.split("## Significance")[1].split("## ")[0] == significance
+    assert again.split("## Significance")[1].split("\n## ")[0] == significance
 
 
 def test_significance_says_why_it_is_unavailable(tmp_path):
@@ -581,7 +582,7 @@ def test_significance_says_why_it_is_unavailable(tmp_path):
     assert "not found, nor one with its checksum in" in (out / "multi30k.md").read_text()  # other text
     moved.write_text("a\nb\n")
     collect.collect(SCALES["multi30k"], work, out)
-    significance = (out / "multi30k.md").read_text().split("## Significance")[1].split("## ")[0]
+    significance = (out / "multi30k.md").read_text().split("## Significance")[1].split("\n## ")[0]
     assert "| rope | 1 | " in significance and "unavailable" not in significance
 
 
@@ -606,11 +607,11 @@ def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
 
 def test_runs_say_what_they_were_trained_with():
     run = {"train_threads": 2, "train_cpu": "AMD EPYC", "code_commit": "0123456789abcdef" * 2 + "01234567"}
-    assert collect._trained_with(run) == "2 threads, AMD EPYC, `0123456789`"
+    assert cells._trained_with(run) == "2 threads, AMD EPYC, `0123456789`"
     run["code_commit"] += " (modified)"
-    assert collect._trained_with(run) == "2 threads, AMD EPYC, `0123456789` (modified)"
-    assert collect._trained_with({**run, "code_commit": None}) == "2 threads, AMD EPYC, commit unknown"
-    assert collect._trained_with({}) == "not recorded"
+    assert cells._trained_with(run) == "2 threads, AMD EPYC, `0123456789` (modified)"
+    assert cells._trained_with({**run, "code_commit": None}) == "2 threads, AMD EPYC, commit unknown"
+    assert cells._trained_with({}) == "not recorded"
 
 
 def test_multi30k_length_against_the_same_rows_trained_on_all_lengths(tmp_path):
@@ -776,15 +777,15 @@ def test_a_row_trained_at_uneven_speed_is_marked_in_tokens_per_second_and_wall_t
 
     runs = {name: [] for name in ROWS}
     runs.update(sinusoidal=[run([1000.0, 1400.0])], rope=[run([300.0, 1400.0])])
-    table = collect.main_table(SCALES["multi30k"], runs)
+    table = cells.main_table(SCALES["multi30k"], runs)
     assert "| 850 ‡ | 5.0 ‡ |" in table_line("\n".join(table), "rope")
     assert "‡" not in table_line("\n".join(table), "sinusoidal")  # 1.4x apart: one speed
-    assert table[-1] == collect.UNEVEN_NOTE
+    assert table[-1] == cells.UNEVEN_NOTE
     runs["rope"] = []
-    assert "‡" not in "\n".join(collect.main_table(SCALES["multi30k"], runs))
+    assert "‡" not in "\n".join(cells.main_table(SCALES["multi30k"], runs))
 
 
 def test_runs_of_one_row_on_different_devices_say_so():
     runs = [{"seed": 1, "train_device": "cpu"}, {"seed": 2, "train_device": "NVIDIA H100"}]
-    assert collect.seeds_cell(runs) == "1, 2 (devices differ, each cell pools them: cpu, NVIDIA H100)"
-    assert collect.seeds_cell([{"seed": 1, "train_device": "cpu"}, {"seed": 3, "train_device": "cpu"}]) == "1, 3"
+    assert cells.seeds_cell(runs) == "1, 2 (devices differ, each cell pools them: cpu, NVIDIA H100)"
+    assert cells.seeds_cell([{"seed": 1, "train_device": "cpu"}, {"seed": 3, "train_device": "cpu"}]) == "1, 3"
