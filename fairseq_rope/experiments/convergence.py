@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from fairseq_rope.experiments.command import last_value, parse_command
+from fairseq_rope.experiments.command import last_value, option_value, parse_command
 from fairseq_rope.experiments.train_log import LOG_FILE, SAVED_CHECKPOINT, TrainLog, parse_train_log, read_train_log
 
 #: Validation BLEU by update: {num_updates: valid BLEU}.
@@ -85,6 +85,18 @@ def converged_at(curve: Curve, rule: Rule) -> Optional[Convergence]:
         if rule.max_update > 0 and update >= rule.max_update:
             return Convergence(update, "cap", best_update, best)
     return None
+
+
+def convergence_record(argv: Sequence[str], curve: Curve) -> Optional[Dict[str, Any]]:
+    """What a run's record keeps of where the rule of its fairseq-train arguments ``argv`` stopped
+    it, validations ``curve``: the rule, the validation interval and :class:`Convergence`; None
+    while the rule would still train it."""
+    rule = Rule.from_argv(argv)
+    converged = converged_at(curve, rule)
+    if converged is None:
+        return None
+    return {"patience": rule.patience, "max_update": rule.max_update,
+            "validate_interval_updates": option_value(argv, "validate-interval-updates"), **converged.to_json()}
 
 
 def updates_to_reach(curve: Curve, target: float) -> Optional[int]:

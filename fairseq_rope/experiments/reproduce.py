@@ -38,9 +38,8 @@ from fairseq_rope.data.demo_corpus import write_corpus
 from fairseq_rope.data.prepare.multi30k import DEFAULT_VOCAB_SIZE as MULTI30K_VOCAB_SIZE
 from fairseq_rope.evaluation.bleu_by_length import length_report
 from fairseq_rope.experiments import collect
-from fairseq_rope.experiments.command import option_value
 from fairseq_rope.experiments.config import load_experiment, resolve_config
-from fairseq_rope.experiments.convergence import Rule, StopAtConvergence, converged_at, describe
+from fairseq_rope.experiments.convergence import Rule, StopAtConvergence, convergence_record, describe
 from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
 from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
 from fairseq_rope.experiments.summary import summarize_run
@@ -165,16 +164,14 @@ def convergence_of(save_dir: Path, config: Path, extra: Sequence[str]) -> Dict[s
     """Where the run's convergence rule stops it, from its log (TableError if it has not converged:
     a run of a converged scale stopped by something else, such as a time limit, resumes)."""
     argv = train_argv(config, extra)
-    rule = Rule.from_argv(argv)
     curve = read_train_log(save_dir).valid_bleu
-    converged = converged_at(curve, rule)
-    if converged is None:
-        last = max(curve, default=0)
+    record = convergence_record(argv, curve)
+    if record is None:
+        rule = Rule.from_argv(argv)
         raise TableError(f"{save_dir} has not converged by its rule (patience {rule.patience}, cap "
-                         f"{rule.max_update}; last validation at update {last}): rerun to resume it")
-    return {"patience": rule.patience, "max_update": rule.max_update,
-            "validate_interval_updates": option_value(argv, "validate-interval-updates"),
-            **converged.to_json()}
+                         f"{rule.max_update}; last validation at update {max(curve, default=0)}): "
+                         "rerun to resume it")
+    return record
 
 
 def train_argv(config: Path, extra: Sequence[str]) -> List[str]:
