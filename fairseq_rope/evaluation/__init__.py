@@ -1,6 +1,7 @@
-"""Evaluation: checkpoint averaging, decoding, BLEU/chrF scoring, BLEU by length,
-paired significance, and the tables and figures reports are made of.
+"""Evaluation: checkpoint averaging, decoding (fairseq-generate, or CTranslate2 through
+:mod:`fairseq_rope.deploy`), BLEU/chrF scoring, BLEU by length, significance over test
+sentences and over training seeds, and the tables and figures reports are made of.
 
-Depends on :mod:`fairseq_rope.base`, the plugin core (safe checkpoint loading)
-and :mod:`fairseq_rope.data`; the core never imports it.
+Depends on :mod:`fairseq_rope.base`, the plugin core (safe checkpoint loading),
+:mod:`fairseq_rope.data` and :mod:`fairseq_rope.deploy`; the core never imports it.
 """

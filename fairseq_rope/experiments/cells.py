@@ -28,9 +28,10 @@ from fairseq_rope.experiments.table import (
 
 BLEU_NOTE = (
     "Model: the architecture each run trained and the shape options its command set over that "
-    "architecture's defaults (the run's command.txt). BLEU of the average of the last 5 checkpoints, beam 4, length penalty 0.6: tokenized "
-    "BLEU with compound splitting (the paper's convention), sacreBLEU and chrF (sacrebleu's "
-    "defaults) on detokenized output. Runaways: per seed, hypotheses longer than "
+    "architecture's defaults (the run's command.txt). BLEU of the average of the last 5 "
+    "checkpoints, beam 4, length penalty 0.6: tokenized BLEU with compound splitting (the "
+    "paper's convention), sacreBLEU and chrF (sacrebleu's defaults) on detokenized output. "
+    "Runaways: per seed, hypotheses longer than "
     f"{RUNAWAY_RATIO}× their reference (tokenized words) / hypotheses stopped by the decoder's "
     "length limit (fairseq's max-len-b 200 subwords) instead of EOS. "
     "Each cell: mean ± sample standard deviation over seeds, then every seed's value in seed "
@@ -290,7 +291,8 @@ def convergence_table(runs: Runs) -> List[str]:
         speed = [cell([None if target is None else updates_to_reach(valid_curve(r), f * target) for r in rs],
                       count_cell) for f in SPEED_FRACTIONS]
         lines.append([name, ", ".join(str(r["seed"]) for r in rs),
-                      cell([c["best_bleu"] for c in conv], bleu_cell), cell([c["best_update"] for c in conv], count_cell),
+                      cell([c["best_bleu"] for c in conv], bleu_cell),
+                      cell([c["best_update"] for c in conv], count_cell),
                       cell([c["update"] for c in conv], count_cell), ", ".join(c["reason"] for c in conv), *speed])
     return intro + markdown_table(header, lines)
 

@@ -34,7 +34,8 @@ def test_the_model_is_the_architecture_with_the_shape_its_command_set():
 
 def test_a_row_not_run_names_the_model_of_its_config():
     cell = cells.model_cell(ROWS["alibi"], SCALES["multi30k-converged"], [])
-    assert cell == "Transformer + ALiBi (Press et al. 2022): `transformer_alibi_wmt_en_de` with 3+3 layers, d=256, FFN 1024, 4 heads"
+    assert cell == ("Transformer + ALiBi (Press et al. 2022): `transformer_alibi_wmt_en_de` with 3+3 layers, "
+                    "d=256, FFN 1024, 4 heads")
 
 
 def test_the_table_names_the_model_each_run_trained(tmp_path):
@@ -65,7 +66,8 @@ def test_a_converged_page_compares_over_seeds_at_both_budgets(tmp_path):
         write_converged_run(work, "rope", seed, *rope, curve, 1791, text, text, reference)
     collect.collect(SCALES["multi30k-converged"], work, out)
     converged, budget = (out / "multi30k-converged.md").read_text().split("## The same runs at the equal budget")
-    chrf = {"converged": ["—, —", "—"], "budget": ["+0.00, +0.00", "— (every seed pair differs by the same amount)"]}
+    chrf = {"converged": ["—, —", "—"],
+            "budget": ["+0.00, +0.00", "— (every seed pair differs by the same amount)"]}
     for page, differences, chrf in ((converged, [-1.0, -0.6], chrf["converged"]),
                                     (budget, [2.0, 2.2], chrf["budget"])):
         seeds = page.split("Over training seeds (paired t-test)")[1]
