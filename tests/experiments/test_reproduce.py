@@ -119,12 +119,12 @@ def _arch_and_argv(row: str, size: str):
 def test_unknown_row_or_scale_is_a_clear_error(capsys):
     with pytest.raises(TableError, match="unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi"):
         get_row("absolute")
-    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length"):
+    with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length"):
         get_scale("wmt16")
     assert reproduce.main(["absolute", "--scale", "demo"]) == 2
     assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi" in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
-    assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
+    assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length" in capsys.readouterr().err
 
 
 def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
@@ -132,7 +132,7 @@ def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
     assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi "
             "(or `collect` to make the table)") in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
-    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, demo, demo-length" in capsys.readouterr().err
+    assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
