@@ -50,7 +50,7 @@ test-gpu: setup
 clean-demo:
 	rm -rf $(DEMO_DIR)
 
-# Offline install for a GPU node (README, "On GPUs"): all but the node's torch stack, for
+# Offline install for a GPU node (docs/gpus.md): all but the node's torch stack, for
 # CPython $(WHEELHOUSE_PYTHON) on x86-64 Linux; needs the package registry here.
 WHEELHOUSE ?= wheelhouse
 WHEELHOUSE_PYTHON ?= 3.12

@@ -238,9 +238,9 @@ MULTI30K_SPLITS = {"train": ("train", 300), "valid": ("val", 30), "test": ("test
 
 def french(german: str) -> str:
     """The French side of a tiny release: the German line behind an elided article, whose
-    apostrophe the Moses tokenizer splits one way for French ("L' x") and another for any
+    apostrophe the Moses tokenizer splits one way for French ("L' homme") and another for any
     other language."""
-    return f"L'{german[0].lower()}{german[1:]}"
+    return f"L'homme {german}"
 
 
 def write_multi30k_release(raw_dir: Path) -> Tuple[Dict[str, Dict[str, ReleaseFile]], Dict[str, List[Tuple[str, str]]]]:
