@@ -154,8 +154,9 @@ def test_every_shipped_config_parses_with_fairseq(name, tmp_path):
 @pytest.mark.parametrize("name", [n for n in SHIPPED if n.endswith("-converged")])
 def test_the_convergence_rule_validates_as_the_tables_decode(name, tmp_path):
     """Valid BLEU decodes like the test set (beam 4, lenpen 0.6, max length 200), scores BPE-removed,
-    Moses-detokenized target text (German, or French for the -fr- configs), picks the best checkpoint by it, and keeps enough checkpoints to
-    average the last 5 up to where the rule stops a resumed run that trained past it."""
+    Moses-detokenized target text (German, or French for the -fr- configs), picks the best checkpoint
+    by it, and keeps enough checkpoints to average the last 5 up to where the rule stops a resumed run
+    that trained past it."""
     args = parse_fairseq(training_argv(load_experiment(name), tmp_path / "data-bin", tmp_path / "save"))
     assert json.loads(args.eval_bleu_args) == TABLE_DECODING
     assert args.eval_bleu_remove_bpe == "@@ " and not args.eval_tokenized_bleu
