@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from fairseq_rope import base
-from fairseq_rope.base import TABLE_DECODING, FairseqRopeError, fairseq_command, report_error, split_passthrough
+from fairseq_rope.base import FairseqRopeError, fairseq_command, report_error, split_passthrough
 from fairseq_rope.deploy import export, generate
-from fairseq_rope.deploy.decoding import Decoding
 from fairseq_rope.evaluation import averaging, scoring
 from fairseq_rope.evaluation.decoding import generate_command
 
@@ -80,8 +79,9 @@ def decode_with_ctranslate2(checkpoint: Path, args: argparse.Namespace, eval_dir
                                         quantization=args.quantization, force=True)
     print(f"decoding with CTranslate2 ({model_dir}) -> {output}", file=sys.stderr)
     with base.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as out:
-        generate.generate(model_dir, args.data_bin, out, args.subset, Decoding.from_settings(TABLE_DECODING),
-                          max_tokens=args.max_tokens, threads=args.threads)
+        # deploy's default decoding is the tables' (TABLE_DECODING), as fairseq-generate's here.
+        generate.generate(model_dir, args.data_bin, out, args.subset, max_tokens=args.max_tokens,
+                          threads=args.threads)
     command = generate.generate_command(model_dir, args.data_bin, args.subset, max_tokens=args.max_tokens,
                                         threads=args.threads)
     engine = ["--engine", CTRANSLATE2, "--engine-info", f"version={settings.provenance['ctranslate2']}",
