@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
+from fairseq_rope_serve.decoding import TABLE_DECODING  # noqa: F401 (the harness imports it from here)
 
 from fairseq_rope.base import PLUGIN_DIR, fairseq_command
 from fairseq_rope.evaluation.scoring import ScoringError
-
-#: The paper's decoding (fairseq's default length limit: 0 x source + 200 subwords).
-TABLE_DECODING: Dict[str, Any] = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200}
 
 
 def generate_command(checkpoint: Path, data_bin: Path, subset: str = "test",

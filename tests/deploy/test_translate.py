@@ -7,8 +7,9 @@ import shutil
 
 import torch
 
-from fairseq_rope.deploy.translate import TextTranslator, main
-from fairseq_rope.evaluation.scoring import detokenize
+from fairseq_rope_serve.text import detokenize
+from fairseq_rope_serve.translate import main
+from fairseq_rope_serve.translator import TextTranslator
 from tests.conftest import console_script
 
 
