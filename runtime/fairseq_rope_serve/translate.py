@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence, TextIO
 from tqdm import tqdm
 
 from fairseq_rope_serve.common import FairseqRopeError, decode_lines, report_error
-from fairseq_rope_serve.translator import CHUNK_LINES, TextTranslator
+from fairseq_rope_serve.translator import TextTranslator
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -60,11 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _write(model: TextTranslator, lines: Iterable[str], out: TextIO, quiet: bool) -> None:
     # delay: a short input shows no bar at all.
     with tqdm(unit=" sentences", file=sys.stderr, disable=quiet, delay=3) as progress:
-        for n, translation in enumerate(model.translate_stream(lines), start=1):
-            print(translation, file=out)
-            progress.update()
-            if n % CHUNK_LINES == 0:
-                out.flush()  # a chunk at a time, for whoever reads the output as it comes
+        for translations in model.translate_chunks(lines):
+            out.writelines(line + "\n" for line in translations)
+            out.flush()  # a chunk at a time, for whoever reads the output as it comes
+            progress.update(len(translations))
 
 
 if __name__ == "__main__":

@@ -94,11 +94,12 @@ class TextTranslator:
             out[i] = text
         return out
 
-    def translate_stream(self, lines: Iterable[str], chunk_lines: int = CHUNK_LINES) -> Iterator[str]:
-        """:meth:`translate` over an iterable of any length, a chunk at a time."""
+    def translate_chunks(self, lines: Iterable[str], chunk_lines: Optional[int] = None) -> Iterator[List[str]]:
+        """:meth:`translate` over an iterable of any length, ``chunk_lines`` (default
+        :data:`CHUNK_LINES`) at a time: the translations of each chunk."""
         lines = iter(lines)
         while True:
-            chunk = list(islice(lines, chunk_lines))
+            chunk = list(islice(lines, chunk_lines or CHUNK_LINES))
             if not chunk:
                 return
-            yield from self.translate(chunk)
+            yield self.translate(chunk)
