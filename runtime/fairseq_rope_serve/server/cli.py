@@ -47,7 +47,7 @@ def read_api_key(key_file: Optional[Path]) -> Optional[str]:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="fairseq-rope-serve",
+        prog="fairseq-rope-serve", allow_abbrev=False,  # no --api-key standing for --api-key-file
         description="Serve a model directory written by fairseq-rope-export-ct2 over HTTP, with "
         "LibreTranslate's API: POST /translate, GET /languages, GET /health.")
     parser.add_argument("model_dir", type=Path)
@@ -94,6 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))
+        sock.listen(2048)  # from now on, connections wait in its backlog until uvicorn takes them
     except (FairseqRopeError, OSError) as e:
         return report_error(e)
     app = create_app(model, limits, key, args.inter_threads)
