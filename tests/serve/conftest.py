@@ -97,14 +97,15 @@ def app_server(app) -> Iterator[int]:
 
 
 class ServerProcess:
-    """``fairseq-rope-serve MODEL_DIR --port 0 …`` started as a user starts it."""
+    """``fairseq-rope-serve MODEL_DIR --port 0 …`` started as a user starts it (in ``env``,
+    default this process's environment)."""
 
     def __init__(self, model_dir: Path, *options: str, env: Optional[Dict[str, str]] = None,
                  command: Sequence[str] = ()) -> None:
         self.process = subprocess.Popen(
             [*(command or [console_script("fairseq-rope-serve")]), str(model_dir), "--port", "0",
              "--intra-threads", "1", "--log-level", "warning", *options],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log: List[str] = []
         for line in self.process.stderr:  # until it listens (the model loaded)
             self.log.append(line)
@@ -136,11 +137,12 @@ class ServerProcess:
 
 @pytest.fixture
 def serve(exported) -> Iterator:
-    """``serve(*options, env=…)``: a started :class:`ServerProcess` of the rope export, stopped after the test."""
+    """``serve(*options, env={…})``: a started :class:`ServerProcess` of the rope export, with
+    ``env`` added to the environment; stopped after the test."""
     started: List[ServerProcess] = []
 
-    def start(*options: str, **kwargs) -> ServerProcess:
-        started.append(ServerProcess(exported("rope"), *options, **kwargs))
+    def start(*options: str, env: Optional[Dict[str, str]] = None) -> ServerProcess:
+        started.append(ServerProcess(exported("rope"), *options, env={**os.environ, **(env or {})}))
         return started[-1]
 
     yield start
