@@ -6,6 +6,7 @@ fairseq (nor fairseq_rope) is ever imported."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -78,3 +79,16 @@ def test_translate_and_serve_commands(alone, exported, raw_test_set, fairseq_tra
         assert (reply.status, reply.body) == (200, {"translatedText": fairseq_translations("rope")[:5]})
     finally:
         assert server.stop()[0] == 0
+
+
+def test_no_module_of_the_runtime_imports_the_training_side():
+    """Statically, at any depth of the code (a lazy import in a path the tests above do not
+    take included): the runtime imports nothing of torch, fairseq or fairseq_rope."""
+    found = {}
+    for path in (REPO / "runtime" / "fairseq_rope_serve").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found.update({name: path.name for name in names if name.split(".")[0] in TRAINING_SIDE})
+    assert len(list((REPO / "runtime" / "fairseq_rope_serve").rglob("*.py"))) >= 12
+    assert found == {}

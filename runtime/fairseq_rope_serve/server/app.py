@@ -5,7 +5,8 @@
   ``api_key``; answered with ``{"translatedText": …}`` of the same shape as ``q``. Each line
   of a string is a sentence, translated as ``fairseq-rope-translate`` translates a line.
 * ``GET /languages``: ``[{"code", "name", "targets"}]``, the model's one pair.
-* ``GET /health``: ``{"status": "ok", …}`` with the model's pair and the work in progress.
+* ``GET /health``: ``{"status": "ok", …}`` with the model's pair, the work in progress and
+  the batches translated so far (with the requests they held).
 
 Every refusal is ``{"error": message}`` with its status: 400 for a body that is no JSON
 object or form, a field of the wrong type, an empty ``q``, a pair the model does not translate;
@@ -107,8 +108,9 @@ def create_app(model: TextTranslator, limits: Limits = Limits(), api_key: Option
 
     async def health(request: Request) -> JSONResponse:
         batcher = state["batcher"]
-        return JSONResponse({"status": "ok", "source": pair[0], "target": pair[1],
-                             "in_flight": state["in_flight"], "queued_sentences": batcher.queued if batcher else 0})
+        return JSONResponse({"status": "ok", "source": pair[0], "target": pair[1], "in_flight": state["in_flight"],
+                             "queued_sentences": batcher.queued, "batches": batcher.batches,
+                             "batched_requests": batcher.batched_requests})
 
     return Starlette(
         routes=[Route("/translate", translate, methods=["POST"]), Route("/languages", languages, methods=["GET"]),

@@ -45,6 +45,8 @@ class Batcher:
         self._queue: "queue.Queue[Optional[_Job]]" = queue.Queue()
         self._lock = threading.Lock()
         self._queued = 0  # sentences submitted and not yet taken by a worker
+        #: Batches translated, and requests in them (for /health: how much batching happens).
+        self.batches = self.batched_requests = 0
         self._closed = False
         self._workers = [threading.Thread(target=self._work, name=f"translate-{i}", daemon=True)
                          for i in range(workers)]
@@ -95,6 +97,8 @@ class Batcher:
             size += len(job.lines)
         with self._lock:
             self._queued -= size
+            self.batches += 1
+            self.batched_requests += len(jobs)
         return jobs
 
     def _work(self) -> None:
