@@ -107,17 +107,23 @@ class ServerProcess:
              "--intra-threads", "1", "--log-level", "warning", *options],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log: List[str] = []
-        for line in self.process.stderr:  # until it listens (the model loaded)
-            self.log.append(line)
-            found = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-            if found:
-                break
-        else:
+        self._banner = threading.Event()
+        self._drain = threading.Thread(target=self._read_log, daemon=True)
+        self._drain.start()
+        # The banner comes once it listens (the model loaded); EOF if it stopped first.
+        self._banner.wait(TIMEOUT)
+        found = re.search(r"fairseq-rope-serve: .* on http://(\S+):(\d+)", "".join(self.log))
+        if not found:
             self.process.kill()
             raise AssertionError(f"the server did not start: {''.join(self.log)}")
-        self.port = int(found.group(1))
-        self._drain = threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True)
-        self._drain.start()
+        self.host, self.port = found.group(1), int(found.group(2))
+
+    def _read_log(self) -> None:
+        for line in self.process.stderr:
+            self.log.append(line)
+            if line.startswith("fairseq-rope-serve: "):
+                self._banner.set()
+        self._banner.set()
 
     def rss_kib(self, field: str = "VmRSS") -> int:
         """The server's resident memory (VmRSS) or its peak (VmHWM), from /proc."""
