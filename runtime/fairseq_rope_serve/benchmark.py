@@ -37,13 +37,15 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from fairseq_rope_serve.translator import TextTranslator, require_ctranslate2
-
 CLIENT_LEVELS = (1, 8, 32)
 
 
 def run_process(command: Sequence[str], stdin: Path) -> Tuple[float, float, List[str]]:
-    """(wall seconds, peak RSS MiB, stdout lines) of ``command`` reading ``stdin``."""
+    """(wall seconds, peak RSS MiB, stdout lines) of ``command`` reading ``stdin``.
+
+    The peak is ``ru_maxrss``, which Linux starts at the forking parent's high-water mark: this
+    process imports nothing heavy before its last child (the model is loaded in it afterwards),
+    and the report gives its own peak at that point, the floor of these figures."""
     with open(stdin, "rb") as source, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         process = subprocess.Popen(command, stdin=source, stdout=out, stderr=err)
@@ -128,6 +130,11 @@ def load(server: Server, lines: Sequence[str], clients: int, source: str, target
             "p99_ms": 1000 * quantile(latencies, 0.99), "answers": [answers[i] for i in range(len(lines))]}
 
 
+def own_peak_rss() -> float:
+    """This process's peak RSS (VmHWM), MiB."""
+    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The nearest-rank ``q`` quantile."""
     ordered = sorted(values)
@@ -155,6 +162,9 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
             wall, rss, outputs[name] = run_process(command, input_path)
             runs[name]["wall"].append(wall)
             runs[name]["rss"].append(rss)
+    floor = own_peak_rss()
+    from fairseq_rope_serve.translator import TextTranslator  # only now: see run_process
+
     model = TextTranslator(model_dir, threads=threads)
     offline_seconds = []
     for _ in range(rounds):
@@ -174,6 +184,7 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
     offline_rate = len(lines) / statistics.median(offline_seconds)
     return {
         "sentences": len(lines),
+        "benchmark_peak_rss_mib_at_spawns": floor,
         "translate": [{"command": name, "startup_s": statistics.median(r["startup"]),
                        "wall_s": statistics.median(r["wall"]), "peak_rss_mib": statistics.median(r["rss"]),
                        "sentences_per_s": len(lines) / statistics.median(r["wall"]),
@@ -216,6 +227,9 @@ def report(results: Dict[str, Any], command: str, threads: int, rounds: int) -> 
     for row in results["translate"]:
         out.append(f"| {row['command']} | {row['startup_s']:.2f} | {row['wall_s']:.2f} | {row['peak_rss_mib']:.0f} | "
                    f"{row['sentences_per_s']:.1f} | {row['identical_to_offline']}/{n} |")
+    out += ["", f"Start-up: the same command on an empty input. Peak RSS: `ru_maxrss` of the process, which "
+            f"starts at the benchmark process's own peak when it forks ({results['benchmark_peak_rss_mib_at_spawns']:.0f} "
+            "MiB here, the floor of this column)."]
     server = results["server"]
     out += ["", f"Offline, in one process (`TextTranslator.translate`, CTranslate2's `translate_batch`): "
             f"**{offline:.1f} sentences/s**.", "",
@@ -240,8 +254,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     controls = {c.split("=", 1)[0]: shlex.split(c.split("=", 1)[1]) for c in args.control}
     results = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine(),
-               "ctranslate2": require_ctranslate2().__version__,
                **benchmark(args.model_dir, args.input, args.threads, args.rounds, controls)}
+    from fairseq_rope_serve.translator import require_ctranslate2
+
+    results["ctranslate2"] = require_ctranslate2().__version__
     command = "python -m fairseq_rope_serve.benchmark " + shlex.join(sys.argv[1:] if argv is None else argv)
     text = report(results, command, args.threads, args.rounds)
     if args.out:
