@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -130,10 +130,13 @@ async def _body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise RequestError(413, f"the body has {declared} bytes, more than this server's limit of {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"the body has more than this server's limit of {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"the body has more than this server's limit of {limit} bytes")
+    except ClientDisconnect:  # before the whole body: no one to answer, nothing to log
+        raise RequestError(400, "the client went away before its body was read") from None
     return bytes(body)
 
 
