@@ -18,6 +18,16 @@ from fairseq_rope_serve.common import FairseqRopeError, decode_lines, report_err
 from fairseq_rope_serve.translator import TextTranslator
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the model is loaded and decodes: the options of :class:`TextTranslator` that the
+    translate and serve commands share."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    parser.add_argument("--compute-type", default="default",
+                        help="CTranslate2 compute type (default: the exported weights' own, e.g. int8)")
+    parser.add_argument("--beam", type=int, help="beam size (default: the tables', 4)")
+    parser.add_argument("--lenpen", type=float, help="length penalty (default: the tables', 0.6)")
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="fairseq-rope-translate",
@@ -29,11 +39,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--output", "-o", type=Path, help="translations (default: stdout)")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads (default 0: CTranslate2's choice, the machine's cores)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
-    parser.add_argument("--compute-type", default="default",
-                        help="CTranslate2 compute type (default: the exported weights' own, e.g. int8)")
-    parser.add_argument("--beam", type=int, help="beam size (default: the tables', 4)")
-    parser.add_argument("--lenpen", type=float, help="length penalty (default: the tables', 0.6)")
+    add_model_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per CTranslate2 batch")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser.parse_args(argv)

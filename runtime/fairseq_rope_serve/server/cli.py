@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from fairseq_rope_serve.common import FairseqRopeError, report_error
 from fairseq_rope_serve.server.app import Limits, create_app
+from fairseq_rope_serve.translate import add_model_arguments
 from fairseq_rope_serve.translator import TextTranslator
 
 KEY_VARIABLE = "FAIRSEQ_ROPE_SERVE_API_KEY"
@@ -60,11 +61,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--inter-threads", type=int, default=1, help="batches translated at once (default: 1)")
     parser.add_argument("--intra-threads", type=int, default=0,
                         help="CPU threads of each batch (default 0: CTranslate2's choice)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
-    parser.add_argument("--compute-type", default="default",
-                        help="CTranslate2 compute type (default: the exported weights' own, e.g. int8)")
-    parser.add_argument("--beam", type=int, help="beam size (default: the tables', 4)")
-    parser.add_argument("--lenpen", type=float, help="length penalty (default: the tables', 0.6)")
+    add_model_arguments(parser)
     defaults = Limits()
     parser.add_argument("--max-chars", type=int, default=defaults.max_chars, help="characters per request")
     parser.add_argument("--max-sentences", type=int, default=defaults.max_sentences,
