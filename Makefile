@@ -4,6 +4,11 @@
 # the venv already has one: a bare torch requirement would pull multi-GB CUDA
 # builds. fairseq compiles C++ extensions against that torch, hence
 # --no-build-isolation once torch, numpy and cython are in.
+#
+# The runtime (runtime/, fairseq-rope-serve: translate and serve without torch) is installed
+# first: fairseq-rope depends on it and it is not on the package index. Its dependencies are
+# also kept as wheels in RUNTIME_WHEELS, from which tests/serve/test_alone.py installs it into
+# a fresh venv without torch, offline.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -11,19 +16,23 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fairseq-rope-installed
+RUNTIME_WHEELS := $(VENV)/runtime-wheels
 DEMO_DIR ?= demo
 
 .PHONY: setup demo test test-slow test-all test-gpu clean-demo wheelhouse
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml runtime/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null \
 		&& echo "torch already installed: $$($(BIN)/python -c 'import torch; print(torch.__version__)')" \
 		|| $(BIN)/python -m pip install "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install -q numpy cython setuptools wheel
+	$(BIN)/python -m pip install -q --no-build-isolation -e runtime
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
+	$(BIN)/python -m pip wheel -q --no-build-isolation --wheel-dir $(RUNTIME_WHEELS) ./runtime
+	rm -f $(RUNTIME_WHEELS)/fairseq_rope_serve-*.whl
 	@touch $@
 
 demo: setup

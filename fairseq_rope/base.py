@@ -1,6 +1,8 @@
 """What every layer of fairseq-rope shares: the error base, paths, atomic writes,
 line decoding, command-line helpers, the provenance of measurements (CPU,
-commit) and the tables' decoding settings. It imports nothing from the package.
+commit) and the tables' decoding settings. It imports nothing from the package; the error
+base, line decoding and the decoding settings come from the runtime
+(``fairseq_rope_serve``), which reports errors the same way and serves with the same decoding.
 
 Atomic output: readers see the old file or the complete new one, never a part.
 Everything is written to a temporary file in the target's directory (so the
@@ -22,14 +24,19 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-PathLike = Union[str, os.PathLike]
+from fairseq_rope_serve.common import (  # noqa: F401 (the package imports them from here)
+    FairseqRopeError,
+    LineDecodingError,
+    PathLike,
+    decode_lines,
+    report_error,
+)
 
-#: The paper's decoding, every table's (fairseq's default length limit: 0 x source + 200 subwords):
-#: fairseq-generate's (:mod:`fairseq_rope.evaluation.decoding`) and CTranslate2's
-#: (:mod:`fairseq_rope.deploy.decoding`) defaults.
-TABLE_DECODING: Dict[str, Any] = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200}
+#: The paper's decoding, every table's: fairseq-generate's (:mod:`fairseq_rope.evaluation.decoding`)
+#: and CTranslate2's defaults. Its home is the runtime, which serves exports with it.
+from fairseq_rope_serve.decoding import TABLE_DECODING  # noqa: E402,F401
 
 
 # The plugin package: what fairseq's ``--user-dir`` takes.
@@ -42,11 +49,6 @@ def project_dir() -> Path:
     checkout = PLUGIN_DIR.parent
     is_checkout = (checkout / "pyproject.toml").is_file() and (checkout / "scripts").is_dir()
     return checkout if is_checkout else Path.cwd()
-
-
-class FairseqRopeError(Exception):
-    """Base of every error fairseq-rope raises on purpose: bad input or environment,
-    reported to the user without a traceback by the entry points."""
 
 
 @contextmanager
@@ -126,43 +128,6 @@ def write_json(path: PathLike, data: Any) -> None:
 
 
 # --- Lines
-
-
-def decode_lines(raw: Iterable[bytes], name: str, strict: bool = True) -> Iterator[str]:
-    """Decode byte lines (as split on ``b"\\n"``) to text lines without line endings.
-
-    A trailing ``"\\r"`` (CRLF files) is dropped. With ``strict``, a non-UTF-8
-    line is a :class:`LineDecodingError` naming ``name`` and the line number; without,
-    bad bytes become U+FFFD and one warning summarises them.
-    """
-    bad: List[int] = []
-    for lineno, line in enumerate(raw, start=1):
-        line = line.rstrip(b"\n")
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        try:
-            yield line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if strict:
-                raise LineDecodingError(
-                    f"{name}: line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
-                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                ) from None
-            bad.append(lineno)
-            yield line.decode("utf-8", errors="replace")
-    if bad:
-        print(f"warning: {name}: {len(bad)} line(s) with invalid UTF-8, bad bytes replaced by U+FFFD "
-              f"(first: line {bad[0]})")
-
-
-def report_error(error: BaseException, status: int = 1) -> int:
-    """Show an expected error as one ``error:`` line (no traceback); the exit status to return."""
-    print(f"error: {error}", file=sys.stderr)
-    return status
-
-
-class LineDecodingError(FairseqRopeError, ValueError):
-    """A text file that is not UTF-8."""
 
 
 def read_lines(path: PathLike) -> List[str]:

@@ -53,6 +53,7 @@ pip_install -r "$WHEELHOUSE/requirements.txt"  # by name: what the node has is k
 # --ignore-installed: pip would otherwise uninstall a fairseq or fairseq-rope the node's
 # environment already has before installing into the prefix (seen here).
 pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_fixed-*.tar.gz  # its C++ against the node's torch
+pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_rope_serve-*.whl  # the runtime, which fairseq-rope imports
 pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_rope-*.whl
 (cd /tmp && "$PY" -c "import fairseq_rope, fairseq, torch; print('fairseq-rope installed in $PREFIX: torch',
     torch.__version__, '(CUDA', torch.version.cuda, '), fairseq', fairseq.__version__)") >&2

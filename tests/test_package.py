@@ -34,16 +34,21 @@ def wheel_env(tmp_path_factory) -> Path:
     shutil.copytree(REPO / "fairseq_rope", source / "fairseq_rope", ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp / "dist",
-        source, cwd=tmp)
+    # fairseq-rope depends on its runtime (runtime/, fairseq-rope-serve): both wheels, as a user installs them.
+    shutil.copytree(REPO / "runtime", tmp / "runtime",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build"))
+    for project in (source, tmp / "runtime"):
+        run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp / "dist",
+            project, cwd=tmp)
     (wheel,) = (tmp / "dist").glob("fairseq_rope-*.whl")
+    (runtime,) = (tmp / "dist").glob("fairseq_rope_serve-*.whl")
     venv = tmp / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
     site = run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                cwd=tmp).stdout.strip()
     Path(site, "reuse_torch_and_fairseq.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--no-deps", "--no-index",
-        wheel, cwd=tmp)
+        wheel, runtime, cwd=tmp, env=clean_env())
     return venv / "bin"
 
 

@@ -1,42 +1,22 @@
-"""Serving trained models with CTranslate2 (``pip install fairseq-rope[ctranslate2]``).
+"""Exporting trained models to CTranslate2; serving them is the runtime's, ``fairseq_rope_serve``
+(installed with fairseq-rope, or alone without torch: docs/deploy.md).
 
 * :mod:`~fairseq_rope.deploy.spec`: a fairseq model as a CTranslate2 ``TransformerSpec``
   (stock rows through CTranslate2's own fairseq converter helpers, RoPE through its
   rotary attention, RPE through its relative positions where they can represent it),
   and the refusals of everything CTranslate2 cannot represent;
 * :mod:`~fairseq_rope.deploy.export`: ``fairseq-rope-export-ct2 CHECKPOINT OUT_DIR``, a
-  self-contained model directory (model, dictionaries, BPE codes, tokenization settings),
-  checked against the fairseq model before it appears, written atomically;
-* :mod:`~fairseq_rope.deploy.model_dir`: what such a directory holds, read back;
-* :mod:`~fairseq_rope.deploy.decoding`: CTranslate2's beam search set up to decode as
-  fairseq-generate does (beam, length penalty, max-len-a/b, ``<pad>`` never emitted);
+  self-contained model directory (model, dictionaries, BPE codes, tokenization settings,
+  ``fairseq_rope_serve.model_dir``), checked against the fairseq model before it appears,
+  written atomically;
 * :mod:`~fairseq_rope.deploy.generate`: a binarized subset decoded with CTranslate2 into
-  fairseq-generate's output format (what ``fairseq-rope-evaluate --engine ctranslate2`` scores);
-* :mod:`~fairseq_rope.deploy.translate`: ``fairseq-rope-translate MODEL_DIR < in > out``,
-  raw text in and out, with the project's Moses and BPE processing.
+  fairseq-generate's output format (what ``fairseq-rope-evaluate --engine ctranslate2`` scores),
+  with the runtime's decoding as fairseq-generate decodes (``fairseq_rope_serve.decoding``).
+
+Raw text is translated by the runtime's ``fairseq-rope-translate`` and ``fairseq-rope-serve``.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
-from fairseq_rope.base import FairseqRopeError
-
-#: The range with rotary embeddings in encoders (rotary_dim on TransformerEncoderSpec).
-CTRANSLATE2_REQUIREMENT = "ctranslate2>=4.6.3,<5"
-
-
-class DeployError(FairseqRopeError, ValueError):
-    """A model, model directory or option that cannot be exported or served."""
-
-
-def require_ctranslate2() -> ModuleType:
-    """The ``ctranslate2`` module, or a :class:`DeployError` saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise DeployError(
-            f"CTranslate2 is not installed: pip install 'fairseq-rope[ctranslate2]' "
-            f"(or '{CTRANSLATE2_REQUIREMENT}')"
-        ) from None
-    return ctranslate2
+from fairseq_rope_serve.common import DeployError  # noqa: F401 (deploy's modules import them from here)
+from fairseq_rope_serve.translator import CTRANSLATE2_REQUIREMENT, require_ctranslate2  # noqa: F401

@@ -12,7 +12,7 @@ trained on (default: the one its checkpoint names, relative to the working direc
 fairseq-train was given it); its ``dict.SRC.txt``/``dict.TGT.txt`` are the vocabularies.
 ``--bpe-codes`` defaults to ``DATA_BIN/../bpe/codes``, where ``fairseq-rope-prepare`` puts
 them. Both dictionaries, the codes and the tokenization settings are copied into OUT_DIR
-(:mod:`fairseq_rope.deploy.model_dir`), so that ``fairseq-rope-translate OUT_DIR`` needs
+(``fairseq_rope_serve.model_dir``), so that ``fairseq-rope-translate OUT_DIR`` needs
 nothing else. ``--model-overrides`` changes model options before the export, as
 fairseq-generate's does (a Python dict literal, read with ``ast.literal_eval``): a RoPE
 scaling chosen for long inputs, for instance, on a checkpoint trained without one.
@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+from fairseq_rope_serve.model_dir import BPE_CODES, ModelDirectory
+from fairseq_rope_serve.text import TOKENIZER_OPTIONS
 
 from fairseq_rope import base
 from fairseq_rope.base import TABLE_DECODING, FairseqRopeError, PathLike, report_error
 from fairseq_rope.checkpoints import UNREADABLE, load_checkpoint
 from fairseq_rope.data.data_bin import DataBinError, infer_language_pair
-from fairseq_rope.data.prepare.text import TOKENIZER_OPTIONS
 from fairseq_rope.deploy import DeployError, require_ctranslate2, spec as specs
-from fairseq_rope.deploy.model_dir import BPE_CODES, ModelDirectory
 
 #: Largest difference of a forced-decoding log-probability allowed between the fairseq model
 #: and its float32 export (measured: about 1e-5 on the tiny models, fp32 rounding).

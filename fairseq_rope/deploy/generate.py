@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO
 
-from fairseq_rope.base import TABLE_DECODING, FairseqRopeError, PathLike, report_error
-from fairseq_rope.deploy import DeployError, require_ctranslate2
-from fairseq_rope.deploy.decoding import Decoding, Hypothesis, to_base2, translate
-from fairseq_rope.deploy.model_dir import ModelDirectory
+from fairseq_rope_serve.decoding import TABLE_DECODING, Decoding, Hypothesis, to_base2, translate
+from fairseq_rope_serve.model_dir import ModelDirectory
+from fairseq_rope_serve.translator import load_translator
+
+from fairseq_rope.base import FairseqRopeError, PathLike, report_error
+from fairseq_rope.deploy import DeployError
 
 #: Target tokens per forced-decoding batch of the ``P-`` scores. Its logits are (tokens ×
 #: vocabulary) floats: at --max-tokens 8192 and 9,656 types the scoring pass peaked at
@@ -96,16 +98,6 @@ def read_subset(model_dir: PathLike, data_bin: PathLike, subset: str = "test", m
     )
 
 
-def load_translator(model_dir: PathLike, threads: int = 1, device: str = "cpu", compute_type: str = "default"):
-    """A CTranslate2 translator of ``model_dir`` on ``device`` (``threads`` CPU threads)."""
-    ctranslate2 = require_ctranslate2()
-    try:
-        return ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
-                                      intra_threads=threads)
-    except (RuntimeError, ValueError) as e:
-        raise DeployError(f"cannot load {model_dir} with CTranslate2 on {device} ({compute_type}): {e}") from None
-
-
 def decode(translator, subset: Subset, decoding: Decoding, settings: ModelDirectory,
            max_tokens: int = 8192) -> List[Hypothesis]:
     """The best hypothesis of every sentence, as fairseq-generate decodes (the timed part), in
@@ -120,7 +112,7 @@ def write_generate_output(out: TextIO, translator, subset: Subset, hypotheses: S
     """fairseq-generate's lines for each sentence, in id order. The scores are the model's own:
     Σ log p of the forced-decoded hypothesis (``P-``, EOS included) / (tokens + 1)^lenpen,
     without the renormalisation of CTranslate2's masked softmax (see
-    :mod:`fairseq_rope.deploy.decoding`)."""
+    ``fairseq_rope_serve.decoding``)."""
     import torch
 
     source_dict, target_dict = subset.source_dictionary, subset.target_dictionary

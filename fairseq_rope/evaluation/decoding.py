@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Sequence
 
 import torch
+from fairseq_rope_serve.decoding import TABLE_DECODING  # noqa: F401 (the harness imports it from here)
 
 from fairseq_rope.base import PLUGIN_DIR, TABLE_DECODING, fairseq_command
 from fairseq_rope.evaluation.scoring import ScoringError

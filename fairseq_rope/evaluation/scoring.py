@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from fairseq_rope_serve.text import detokenize
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.bleu import BLEUScore
-from sacremoses import MosesDetokenizer
 
 from fairseq_rope import base
 from fairseq_rope.base import FairseqRopeError, PathLike, read_lines, report_error, split_passthrough
@@ -125,12 +125,6 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Tupl
         [compound_split(h) for h in hypotheses], [[compound_split(r) for r in references]]
     )
     return score, str(metric.get_signature())
-
-
-def detokenize(lines: Sequence[str], lang: str) -> List[str]:
-    """Moses-detokenize whitespace-tokenized lines (also undoes ``@-@`` and XML escapes)."""
-    detokenizer = MosesDetokenizer(lang=lang)
-    return [detokenizer.detokenize(line.split()) for line in lines]
 
 
 def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> Tuple[BLEUScore, str]:

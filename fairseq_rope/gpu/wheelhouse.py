@@ -7,7 +7,7 @@ its tasks; those two alone would overflow the 60 MiB this folder may take). The
 wheelhouse holds the rest of the dependency closure of ``fairseq-rope[test]``
 as installed in this environment (the versions the test suite passed with):
 
-* ``fairseq-rope`` itself, as a wheel;
+* ``fairseq-rope`` itself and its runtime ``fairseq-rope-serve`` (``runtime/``), as wheels;
 * ``fairseq-fixed`` and ``antlr4-python3-runtime`` as sources: fairseq's C++
   extensions are compiled on the node, against the node's torch;
 * every other package as a binary wheel for the node's Python and platform
@@ -43,6 +43,8 @@ NOT_SHIPPED = frozenset({"torch", "torchaudio", "numpy", "scikit-learn", "ctrans
 #: Shipped as sources, built on the node.
 SOURCES = frozenset({"fairseq-fixed", "antlr4-python3-runtime"})
 PROJECT = "fairseq-rope"
+#: fairseq-rope's runtime, built from the checkout like the project (it is on no index).
+RUNTIME = "fairseq-rope-serve"
 LIMIT_MIB = 60
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -84,8 +86,9 @@ def make(out: Path, python_version: str = "3.12", platforms: Sequence[str] = PLA
     for old in [*out.glob("*.whl"), *out.glob("*.tar.gz"), *out.glob("*.zip")]:
         old.unlink()
     versions = closure()
-    binaries = sorted(n for n in versions if n not in SOURCES and n != PROJECT)
-    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(REPO_ROOT))
+    binaries = sorted(n for n in versions if n not in SOURCES and n not in (PROJECT, RUNTIME))
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(REPO_ROOT),
+        str(REPO_ROOT / "runtime"))
     pip("download", "--no-deps", "--no-build-isolation", "--no-binary", ":all:", "--dest", str(out),
         *(f"{n}=={versions[n]}" for n in sorted(SOURCES)))
     pip("download", "--no-deps", "--only-binary", ":all:", "--python-version", python_version,

@@ -217,3 +217,22 @@ def source_subwords(task) -> List[List[str]]:
     """The binarized test set's sources as subword strings (no EOS), by id."""
     dataset = task.dataset("test")
     return [task.source_dictionary.string(dataset.src[i][:-1]).split() for i in range(len(dataset))]
+
+
+@pytest.fixture(scope="session")
+def fairseq_translations(fairseq_model, fairseq_beams) -> Callable[..., List[str]]:
+    """``fairseq_translations(row, **settings)``: what translating the raw test set must give,
+    by id: fairseq's best hypotheses (:func:`fairseq_beams`), BPE removed by fairseq's
+    dictionary (``--remove-bpe``) and detokenized by sacremoses' Moses detokenizer."""
+    import torch
+    from sacremoses import MosesDetokenizer
+
+    def get(row: str, **settings) -> List[str]:
+        _, task, _ = fairseq_model(row)
+        dictionary, beams = task.target_dictionary, fairseq_beams(row, **settings)
+        detokenizer = MosesDetokenizer(lang="de")
+        return [detokenizer.detokenize(dictionary.string(torch.tensor([dictionary.index(t) for t in beams[i][0]]),
+                                                         "@@ ").split())
+                for i in range(len(beams))]
+
+    return get

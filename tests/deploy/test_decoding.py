@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fairseq_rope.deploy.decoding import Decoding, length_limit, translate, translate_options
-from fairseq_rope.deploy.model_dir import ModelDirectory
+from fairseq_rope_serve.decoding import Decoding, length_limit, translate, translate_options
+from fairseq_rope_serve.model_dir import ModelDirectory
 from tests.deploy.conftest import source_subwords
 from tests.deploy.conftest import ROWS as ROW_OPTIONS, TRAINED_BY_DEFAULT
 

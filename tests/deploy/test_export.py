@@ -17,9 +17,9 @@ from fairseq_rope.checkpoints import UnsafeCheckpointError, load_checkpoint
 from fairseq_rope.deploy import DeployError
 from fairseq_rope.deploy import spec as specs
 from fairseq_rope.deploy.export import export_checkpoint, main
-from fairseq_rope.deploy.model_dir import CONFIG, ModelDirectory
 from fairseq_rope.models.architectures import EncodingOptions, Option
 from fairseq_rope.models.transformer_rope import ROPE_OPTIONS
+from fairseq_rope_serve.model_dir import CONFIG, ModelDirectory
 from tests.deploy.conftest import ROWS, train
 
 
@@ -89,7 +89,7 @@ def test_int8_export_is_smaller_and_translates_like_float32(exported, fairseq_mo
     """Quantized weights (the export's own check runs on float32 first), loaded and decoding
     every sentence."""
     from tests.deploy.test_decoding import ct2_beams
-    from fairseq_rope.deploy.decoding import Decoding
+    from fairseq_rope_serve.decoding import Decoding
 
     int8, float32 = exported("rope", "int8"), exported("rope")
     assert ModelDirectory.read(int8).quantization == "int8"

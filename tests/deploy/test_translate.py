@@ -3,12 +3,14 @@ alone; its text processing is the data preparation's, its translations fairseq's
 
 from __future__ import annotations
 
+import io
 import shutil
+import subprocess
+import sys
 
-import torch
-
-from fairseq_rope.deploy.translate import TextTranslator, main
-from fairseq_rope.evaluation.scoring import detokenize
+import fairseq_rope_serve.translator as translator_module
+from fairseq_rope_serve.translate import main
+from fairseq_rope_serve.translator import TextTranslator
 from tests.conftest import console_script
 
 
@@ -21,7 +23,7 @@ def test_source_processing_is_the_data_preparations(exported, deploy_data):
     assert any("@@" in line for line in prepared)
 
 
-def test_translate_command_end_to_end(exported, deploy_data, fairseq_model, fairseq_beams, tmp_path):
+def test_translate_command_end_to_end(exported, deploy_data, fairseq_translations, tmp_path):
     """The command on raw text, from a copy of the model directory: fairseq's best hypotheses
     (its SequenceGenerator's), BPE removed and detokenized; an empty line stays one."""
     model_dir = tmp_path / "model"
@@ -29,17 +31,58 @@ def test_translate_command_end_to_end(exported, deploy_data, fairseq_model, fair
     raw = (deploy_data / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
     lines = [*raw[:5], "", *raw[5:]]
     (tmp_path / "in.en").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    assert console_script("fairseq-rope-translate")  # installed (in-process below: no second fairseq import)
     assert main([str(model_dir), "--input", str(tmp_path / "in.en"), "--output", str(tmp_path / "out.de"),
                  "--threads", "1", "--quiet"]) == 0
     translations = (tmp_path / "out.de").read_text(encoding="utf-8")
-    _, task, _ = fairseq_model("rope")
-    beams = fairseq_beams("rope")
-    dictionary = task.target_dictionary
-    expected = detokenize([dictionary.string(torch.tensor([dictionary.index(t) for t in beams[i][0]]), "@@ ")
-                           for i in range(len(raw))], "de")
+    expected = fairseq_translations("rope")
     assert translations.splitlines() == [*expected[:5], "", *expected[5:]]
     assert translations.splitlines()[0].endswith((".", "!", "?")) and " ." not in translations
+
+
+def test_translate_as_documented_stdin_to_stdout_with_decoding_options(exported, deploy_data, fairseq_translations):
+    """``fairseq-rope-translate MODEL_DIR --beam 2 --lenpen 1.0 --batch-size 5 < in > out``, the
+    installed command in its own process: fairseq's translations at that beam and penalty (which
+    differ from the defaults' on some sentence), whatever the batch size."""
+    raw = (deploy_data / "raw" / "test.en").read_text(encoding="utf-8")
+    expected = fairseq_translations("rope", beam=2, lenpen=1.0)
+    assert expected != fairseq_translations("rope")  # the options matter on this test set
+    for batch_size in ("5", "64"):
+        result = subprocess.run([console_script("fairseq-rope-translate"), str(exported("rope")), "--beam", "2",
+                                 "--lenpen", "1.0", "--batch-size", batch_size, "--threads", "1"],
+                                input=raw.encode(), capture_output=True, check=True)
+        assert result.stdout.decode().splitlines() == expected, batch_size
+
+
+def test_a_line_that_is_not_utf8_is_an_error_naming_it(exported, capsysbinary, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"Good morning.\nbad \xff byte\n")))
+    assert main([str(exported("rope")), "--threads", "1"]) == 1
+    out, err = capsysbinary.readouterr()
+    assert err.decode() == ("error: <stdin>: line 2 is not valid UTF-8 (invalid start byte at byte 4); convert the "
+                            "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)\n")
+    assert out == b""  # nothing of the first chunk: it holds the bad line
+
+
+def test_input_longer_than_a_chunk(exported, deploy_data, fairseq_translations, capsys, monkeypatch):
+    """Chunks of 7 lines over the 48 of the test set (the last one partial): every line
+    translated once, in order, as fairseq translates it."""
+    monkeypatch.setattr(translator_module, "CHUNK_LINES", 7)
+    raw = (deploy_data / "raw" / "test.en").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw)))
+    chunks = []
+    translate = TextTranslator.translate
+    monkeypatch.setattr(TextTranslator, "translate", lambda self, lines: chunks.append(len(lines)) or
+                        translate(self, lines))
+    assert main([str(exported("rope")), "--threads", "1", "--quiet"]) == 0
+    expected = fairseq_translations("rope")
+    assert chunks == [7] * 6 + [6] and len(expected) == 48
+    assert capsys.readouterr().out.splitlines() == expected
+
+
+def test_without_ctranslate2_the_error_says_what_to_install(exported, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 → ImportError
+    assert main([str(exported("rope"))]) == 1
+    assert capsys.readouterr().err == ("error: CTranslate2 is not installed: pip install 'ctranslate2>=4.6.3,<5' "
+                                       "(a dependency of fairseq-rope-serve, which fairseq-rope installs)\n")
 
 
 def test_translate_refuses_a_directory_without_a_model(tmp_path, capsys):

@@ -1,10 +1,11 @@
-"""Joint subword models: subword-nmt BPE (default) or SentencePiece BPE.
+"""Joint subword models learned: subword-nmt BPE (default) or SentencePiece BPE.
 
 Both are learned on the concatenated source and target training text, so one
 joined fairseq dictionary covers both languages. Subword-nmt output marks
 word-internal units with ``@@`` (undo with fairseq's ``--remove-bpe``),
 SentencePiece output is pieces with ``▁`` word-start marks (``--remove-bpe
-sentencepiece``).
+sentencepiece``). Applying them is the runtime's (``fairseq_rope_serve.bpe``), which
+segments raw text for an exported model as the data were segmented.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ from __future__ import annotations
 import io
 import os
 from collections import Counter
-from functools import lru_cache, partial
+from functools import partial
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Sequence
 
 import sentencepiece as spm
-from subword_nmt.apply_bpe import BPE
+from fairseq_rope_serve.bpe import apply_sentencepiece, apply_subword_nmt
 from subword_nmt.learn_bpe import learn_bpe
 
 from fairseq_rope.base import PathLike
 from fairseq_rope.data.prepare.files import PrepareError, open_text
 from fairseq_rope.data.prepare.multiproc import DEFAULT_CHUNK_LINES, imap_chunks
-from fairseq_rope.data.prepare.text import normalize_whitespace
 
 SUBWORD_NMT = "subword-nmt"
 SENTENCEPIECE = "sentencepiece"
@@ -110,42 +110,6 @@ def learn_sentencepiece(
     os.replace(f"{prefix}.model", model)
     os.replace(f"{prefix}.vocab", vocab)
     return spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
-
-
-# Keyed on the file's stat too: a step redone in the same process (tests, or
-# the workers forked from it) must not reuse a model learned before.
-@lru_cache(maxsize=None)
-def _load_subword_nmt(codes: str, stamp: Tuple[int, int]) -> BPE:
-    with open_text(codes) as f:
-        return BPE(f, separator="@@")
-
-
-@lru_cache(maxsize=None)
-def _load_sentencepiece(model: str, stamp: Tuple[int, int]) -> spm.SentencePieceProcessor:
-    return spm.SentencePieceProcessor(model_file=model)
-
-
-def _stamp(path: str) -> Tuple[int, int]:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
-
-
-def apply_subword_nmt(lines: Sequence[str], codes: str) -> List[str]:
-    """Segment a chunk of tokenized lines with the BPE codes file ``codes``."""
-    bpe = _load_subword_nmt(codes, _stamp(codes))
-    return [bpe.segment(normalize_whitespace(line)) for line in lines]
-
-
-def apply_sentencepiece(lines: Sequence[str], model: str) -> List[str]:
-    """Segment a chunk of lines into space-separated pieces of the model ``model``.
-
-    Pieces go through their ids, so characters outside the model become
-    ``<unk>``, which fairseq maps to its own unknown symbol, rather than
-    dictionary entries of their own.
-    """
-    sp = _load_sentencepiece(model, _stamp(model))
-    encoded = sp.encode([normalize_whitespace(line) for line in lines])
-    return [" ".join(sp.id_to_piece(i) for i in ids) for ids in encoded]
 
 
 def segmenter(method: str, model_file: PathLike) -> Callable[[Sequence[str]], List[str]]:

@@ -24,6 +24,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Sequence, Tuple
 
+from fairseq_rope_serve.text import TOKENIZER_OPTIONS
 from tqdm import tqdm
 
 from fairseq_rope.base import decode_lines
@@ -40,7 +41,7 @@ from fairseq_rope.data.prepare.files import (
 )
 from fairseq_rope.data.prepare.multiproc import DEFAULT_CHUNK_LINES, map_lines, pool_context
 from fairseq_rope.data.prepare.pipeline import Step
-from fairseq_rope.data.prepare.text import TOKENIZER_OPTIONS, keep_pair, preprocess_chunk
+from fairseq_rope.data.prepare.text import keep_pair, preprocess_chunk
 
 #: clean-corpus-n.perl -ratio 1.5 train 1 250, as in fairseq's WMT14 recipe.
 CLEAN_OPTIONS = {"min_len": 1, "max_len": 250, "ratio": 1.5}

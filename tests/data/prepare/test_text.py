@@ -7,7 +7,9 @@ import pytest
 from fairseq_rope.data.prepare.archives import unwrap_sgm, xml_unescape
 from fairseq_rope.base import LineDecodingError
 from fairseq_rope.data.prepare.files import PrepareError, copy_user_file, count_lines, read_lines
-from fairseq_rope.data.prepare.text import keep_pair, normalize_whitespace, preprocess_line, remove_non_printing
+from fairseq_rope_serve.text import normalize_whitespace, preprocess_line, remove_non_printing
+
+from fairseq_rope.data.prepare.text import keep_pair
 
 
 def test_remove_non_printing_replaces_every_category_c_char_by_a_space():

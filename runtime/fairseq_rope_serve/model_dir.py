@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from fairseq_rope.base import PathLike, write_json
-from fairseq_rope.deploy import DeployError
+from fairseq_rope_serve.common import DeployError, PathLike
 
 CONFIG = "fairseq_rope.json"
 BPE_CODES = "bpe.codes"
@@ -43,19 +42,21 @@ class ModelDirectory:
     #: Positions of the model's position tables (None: positions in attention only, no limit).
     max_source_positions: Optional[int]
     max_target_positions: Optional[int]
-    #: Moses processing of the raw text (fairseq_rope.data.prepare.text), as in data preparation.
+    #: Moses processing of the raw text (fairseq_rope_serve.text), as in data preparation.
     tokenizer: Dict[str, Any]
     #: subword-nmt codes file in the directory, None if the export was given none.
     bpe_codes: Optional[str]
     bpe_separator: str
-    #: beam, lenpen, max_len_a, max_len_b: the tables' decoding (fairseq_rope.evaluation.decoding).
+    #: beam, lenpen, max_len_a, max_len_b: the tables' decoding (fairseq_rope_serve.decoding).
     decoding: Dict[str, Any]
     quantization: Optional[str]
     provenance: Dict[str, Any] = field(default_factory=dict)
     format: int = FORMAT
 
     def write(self, directory: PathLike) -> None:
-        write_json(Path(directory) / CONFIG, asdict(self))
+        """Into the exporter's temporary directory, which appears atomically as a whole."""
+        text = json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"
+        (Path(directory) / CONFIG).write_text(text, encoding="utf-8")
 
     @classmethod
     def read(cls, directory: PathLike) -> "ModelDirectory":

@@ -1,7 +1,7 @@
 """CTranslate2's beam search set up to decode as fairseq-generate does.
 
 fairseq's ``SequenceGenerator`` with ``--beam B --lenpen P --max-len-a A --max-len-b L``
-(the tables': :data:`~fairseq_rope.base.TABLE_DECODING`) and CTranslate2's
+(the tables': :data:`TABLE_DECODING`) and CTranslate2's
 ``translate_batch`` share the algorithm: 2B candidates per step, finished (EOS) ones among
 the best B kept aside, the search of a sentence over once B hypotheses are finished, the best
 one by score / length^P (EOS counted in the length). The options below close the gaps:
@@ -23,7 +23,7 @@ one by score / length^P (EOS counted in the length). The options below close the
 What remains: CTranslate2 masks tokens *before* its softmax, fairseq after, so its
 probabilities are renormalised without ``<pad>`` at every step and without EOS at the first
 one. Both change a hypothesis' score by a tiny amount (log(1 − p(pad)), log(1 − p(EOS)) at
-step 0), not its tokens; the README gives the agreement measured.
+step 0), not its tokens; docs/deploy.md gives the agreement measured.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from fairseq_rope.deploy.model_dir import ModelDirectory
-from fairseq_rope.base import TABLE_DECODING
+from fairseq_rope_serve.model_dir import ModelDirectory
+
+#: The paper's decoding (fairseq's default length limit: 0 x source + 200 subwords): what the
+#: tables decode with (fairseq-rope imports it from here) and what an export is served with.
+TABLE_DECODING: Dict[str, Any] = {"beam": 4, "lenpen": 0.6, "max_len_a": 0.0, "max_len_b": 200}
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ def translate(translator, sources: Sequence[List[str]], decoding: Decoding, mode
 
     ``limit_lengths``: the source length (subwords, EOS not included) each sentence's length
     limit is computed from; default its own. fairseq-generate takes the longest source of the
-    sentence's batch: :mod:`fairseq_rope.deploy.generate` passes that, batching as it does.
+    sentence's batch: fairseq-rope's ``fairseq_rope.deploy.generate`` passes that, batching as it does.
     """
     options = translate_options(decoding, model)
     lengths = [len(s) for s in sources] if limit_lengths is None else limit_lengths
