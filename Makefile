@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 	$(BIN)/python -m pip install -q numpy cython setuptools wheel
 	$(BIN)/python -m pip install -q --no-build-isolation -e runtime
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
+	@# A venv that had fairseq-rope before 2026-11-27 lost fairseq-rope-translate when the old
+	@# fairseq-rope (which installed it then) was replaced: the runtime installs it again.
+	@test -x $(BIN)/fairseq-rope-translate \
+		|| $(BIN)/python -m pip install -q --no-build-isolation --no-deps --force-reinstall -e runtime
 	$(BIN)/python -m pip wheel -q --no-build-isolation --wheel-dir $(RUNTIME_WHEELS) ./runtime
 	rm -f $(RUNTIME_WHEELS)/fairseq_rope_serve-*.whl
 	@touch $@
