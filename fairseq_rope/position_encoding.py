@@ -13,8 +13,8 @@ the scaled logits: an encoding whose term belongs before the 1/√d (Shaw et
 al.'s q·a^K) scales it itself. Every hook defaults to "no position
 information", so an encoding overrides only what it uses.
 
-An encoding is built for one attention module: with its head dimension and
-number of heads (per-head parameters and slopes), which it keeps.
+A model builds one encoding per attention module, given that module's number
+of heads and head dimension (for per-head tables and slopes).
 
 An encoding that acts on q and k alone (it overrides neither ``logit_bias``
 nor ``value_term``; :attr:`PositionEncoding.qk_only` says so, derived from the
@@ -30,6 +30,7 @@ sentences its batch rows translate (beam search reorders them with the encoder
 output). Every other hook is a function of its arguments and the encoding's
 parameters.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
