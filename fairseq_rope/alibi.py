@@ -49,36 +49,20 @@ _LAST_BIAS: List[Any] = [None, None]
 
 
 class AlibiBias(PositionEncoding):
-    """ALiBi as a position encoding: a logit bias per head, no parameters, no buffers.
+    """ALiBi as a position encoding: a logit bias per head, no parameters, no buffers."""
 
-    The number of heads comes from the owning attention (:meth:`bind_heads`),
-    or ``num_heads``.
-    """
-
-    def __init__(self, head_dim: int, num_heads: Optional[int] = None) -> None:
+    def __init__(self, num_heads: int) -> None:
         super().__init__()
-        self.head_dim = head_dim
-        self.slopes: Optional[Tuple[float, ...]] = None
-        if num_heads is not None:
-            self.bind_heads(num_heads)
-
-    def bind_heads(self, num_heads: int) -> None:
-        slopes = alibi_slopes(num_heads)
-        if self.slopes is not None and slopes != self.slopes:
-            raise ValueError(f"ALiBi slopes were set for {len(self.slopes)} heads, not {num_heads}")
-        self.slopes = slopes
+        self.slopes = alibi_slopes(num_heads)
+        self.num_heads = num_heads
 
     def extra_repr(self) -> str:
-        return f"num_heads={None if self.slopes is None else len(self.slopes)}"
+        return f"num_heads={self.num_heads}"
 
     def logit_bias(self, q: Tensor, offset: int, src_len: int) -> Optional[Tensor]:
-        """−m_h·|i − j|·√d, (H, T, S): the contract divides the logits by √d afterwards, so
-        what joins the scaled scores is Press et al.'s −m_h·|i − j|."""
-        if self.slopes is None:
-            raise RuntimeError("ALiBi needs the number of heads: pass num_heads or attach the "
-                               "encoding to a PositionalMultiheadAttention")
+        """−m_h·|i − j|, (H, T, S): Press et al.'s bias, joining the scaled scores."""
         tgt_len = q.size(-2)
-        key = (tgt_len, src_len, offset, self.slopes, self.head_dim, q.dtype, q.device,
+        key = (tgt_len, src_len, offset, self.slopes, q.dtype, q.device,
                torch.is_inference_mode_enabled())
         if _LAST_BIAS[0] == key:
             return _LAST_BIAS[1]
@@ -87,6 +71,6 @@ class AlibiBias(PositionEncoding):
         keys = torch.arange(src_len, device=q.device, dtype=torch.float64)
         distance = (keys[None, :] - queries[:, None]).abs()  # (T, S)
         slopes = torch.tensor(self.slopes, dtype=torch.float64, device=q.device)
-        bias = (-math.sqrt(self.head_dim) * slopes[:, None, None] * distance).to(q.dtype)
+        bias = (-slopes[:, None, None] * distance).to(q.dtype)
         _LAST_BIAS[:] = [key, bias]
         return bias

@@ -48,9 +48,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
         super().__init__(
             embed_dim, num_heads, dropout=dropout, self_attention=True, **kwargs
         )
+        if position_encoding.num_heads not in (None, num_heads):
+            raise ValueError(f"the position encoding was built for {position_encoding.num_heads} "
+                             f"heads, not {num_heads}")
         self.position_encoding = position_encoding
-        # Encodings are built from the head dimension alone; per-head parameters need H too.
-        position_encoding.bind_heads(num_heads)
         self._pack_projections()
 
     # --- q, k, v projections: packed side by side for inference
@@ -230,9 +231,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
 
         mask = _MASKS.additive(attn_mask, key_padding_mask, q.dtype)
         bias = encoding.logit_bias(q, offset, k.size(2))
-        if bias is not None:
-            # The encoding's term joins q·k before the 1/√d scaling (Shaw et al. Eq. 4).
-            mask = bias * self.scaling if mask is None else bias * self.scaling + mask
+        if bias is not None:  # a term of the scaled logits, as the masks are
+            mask = bias if mask is None else bias + mask
         # A decoding step's single query gains nothing from a fused kernel, and
         # on CPU SDPA takes twice as long as two matmuls there (measured).
         if need_weights or encoding.needs_probabilities or tgt_len == 1:

@@ -139,12 +139,16 @@ class Patch:
     def apply(self) -> bool:
         """Apply this patch unless it is active already; whether it is active afterwards.
 
-        Ignores the opt-out (see :func:`apply_patches`). A mismatched target raises
-        :class:`PatchError` (``refuse``) or warns and is left untouched.
+        Ignores the opt-out (see :func:`apply_patches`). A mismatched target, or one whose
+        source the guard cannot read, raises :class:`PatchError` (``refuse``) or warns and
+        is left untouched.
         """
         if self.active():
             return True
-        found = self.guard()
+        try:
+            found = self.guard()
+        except OSError as error:  # inspect.getsource on an install without source files
+            found = f"a target whose source cannot be read ({error})"
         if found is not None:
             message = (
                 f"fairseq-rope patch {self.name} cannot be applied to {self.target}: expected "

@@ -68,12 +68,9 @@ class RelativeTable(nn.Module):
 
 
 class RelativePositionEncoding(PositionEncoding):
-    """Learned relative key and value embeddings w^K, w^V (Eqs. 3-6).
+    """Learned relative key and value embeddings w^K, w^V (Eqs. 3-6) for ``num_heads`` heads.
 
-    Per head (default): w ∈ R^{H × (2k+1) × head_dim}. H is given as
-    ``num_heads`` or, when None, by the owning
-    :class:`~fairseq_rope.attention.PositionalMultiheadAttention` through
-    :meth:`bind_heads` (model builders only know the head dimension).
+    Per head (default): w ∈ R^{H × (2k+1) × head_dim}.
     ``shared_heads=True``: w ∈ R^{(2k+1) × head_dim} for all heads (§3.3).
     """
 
@@ -82,48 +79,28 @@ class RelativePositionEncoding(PositionEncoding):
     def __init__(
         self,
         head_dim: int,
+        num_heads: int,
         max_distance: int = DEFAULT_MAX_DISTANCE,
-        num_heads: Optional[int] = None,
         shared_heads: bool = False,
     ) -> None:
         super().__init__()
         validate_rpe_options(max_distance, shared_heads)
         self.head_dim = head_dim
+        self.num_heads = num_heads
         self.max_distance = max_distance
         self.shared_heads = shared_heads
-        self.num_heads: Optional[int] = None
-        if shared_heads:
-            self._build_tables(())
-        elif num_heads is not None:
-            self.bind_heads(num_heads)
-
-    def bind_heads(self, num_heads: int) -> None:
-        """Build the per-head tables for ``num_heads`` heads (a shared table needs nothing)."""
-        if self.shared_heads:
-            return
-        if self.num_heads is None:
-            self.num_heads = num_heads
-            self._build_tables((num_heads,))
-        elif num_heads != self.num_heads:
-            raise ValueError(f"relative tables were built for {self.num_heads} heads, not {num_heads}")
-
-    def _build_tables(self, heads: Tuple[int, ...]) -> None:
-        shape = (*heads, 2 * self.max_distance + 1, self.head_dim)
+        # The key term joins the scaled logits (the contract): q·a^K/√d, Eq. 4's scaling.
+        self.scaling = head_dim**-0.5
+        shape = (*(() if shared_heads else (num_heads,)), 2 * max_distance + 1, head_dim)
         for name in TABLES:
-            setattr(self, name, RelativeTable(shape, std=self.head_dim**-0.5))
+            setattr(self, name, RelativeTable(shape, std=head_dim**-0.5))
 
     def extra_repr(self) -> str:
         heads = "shared_heads=True" if self.shared_heads else f"num_heads={self.num_heads}"
         return f"max_distance={self.max_distance}, {heads}"
 
     def _table(self, name: str, dtype: torch.dtype) -> Tensor:
-        table = getattr(self, name, None)
-        if table is None:
-            raise RuntimeError(
-                "per-head relative tables are not built yet: pass num_heads or attach the "
-                "encoding to a PositionalMultiheadAttention"
-            )
-        return table.weight.to(dtype)  # fp16/bf16 activations: compute in their dtype
+        return getattr(self, name).weight.to(dtype)  # fp16/bf16 activations: compute in their dtype
 
     def _buckets(self, like: Tensor, src_len: int, offset: int) -> Tensor:
         """Bucket indices expanded to (B, H, T, S) for gather/scatter along the last dim."""
@@ -141,7 +118,8 @@ class RelativePositionEncoding(PositionEncoding):
             # einsum, not a broadcast matmul: that copies the tables for every
             # sentence (~60× slower for a 640-sentence decoding step on CPU, measured).
             per_distance = torch.einsum("bhtd,hrd->bhtr", q, w)
-        return per_distance.gather(-1, self._buckets(q, src_len, offset))
+        # Scaled per distance, before the gather: 2k+1 products per query, not S.
+        return (per_distance * self.scaling).gather(-1, self._buckets(q, src_len, offset))
 
     def value_term(self, probs: Tensor, offset: int) -> Optional[Tensor]:
         # Σ_j α_ij w^V_clip(j−i): sum the probability mass per distance, then mix.

@@ -39,7 +39,7 @@ def test_slopes_follow_the_rule_for_every_head_count(n):
 
 
 def alibi_attention(heads: int) -> PositionalMultiheadAttention:
-    return PositionalMultiheadAttention(heads * HEAD_DIM, heads, AlibiBias(HEAD_DIM)).double().eval()
+    return PositionalMultiheadAttention(heads * HEAD_DIM, heads, AlibiBias(heads)).double().eval()
 
 
 def causal_mask(T: int) -> torch.Tensor:
@@ -79,10 +79,10 @@ def test_forward_matches_press_et_al(heads, causal):
 
 
 def test_the_bias_joins_the_scaled_scores():
-    """The contract divides logit_bias by √d: it returns √d·(−m_h·|i − j|)."""
-    bias = AlibiBias(HEAD_DIM, num_heads=2).logit_bias(torch.zeros(1, 2, 3, HEAD_DIM, dtype=torch.float64), 5, 8)
+    """The contract adds logit_bias to q·k/√d: it is Press et al.'s −m_h·|i − j| itself."""
+    bias = AlibiBias(2).logit_bias(torch.zeros(1, 2, 3, HEAD_DIM, dtype=torch.float64), 5, 8)
     distance = (torch.arange(8)[None, :] - torch.arange(5, 8)[:, None]).abs().double()
-    expected = -math.sqrt(HEAD_DIM) * torch.tensor([2.0**-4, 2.0**-8], dtype=torch.float64)[:, None, None] * distance
+    expected = -torch.tensor([2.0**-4, 2.0**-8], dtype=torch.float64)[:, None, None] * distance
     torch.testing.assert_close(bias, expected, atol=1e-14, rtol=0)
 
 
@@ -94,11 +94,8 @@ def test_incremental_decoding_equals_full_causal_forward(heads):
     torch.testing.assert_close(attend_step_by_step(attn, x), full, atol=1e-12, rtol=0)
 
 
-def test_no_parameters_and_the_heads_are_needed():
-    encoding = AlibiBias(HEAD_DIM)
+def test_no_parameters_and_an_attention_of_other_heads_is_refused():
+    encoding = AlibiBias(2)
     assert list(encoding.parameters()) == [] and list(encoding.state_dict()) == []
-    with pytest.raises(RuntimeError, match="ALiBi needs the number of heads"):
-        encoding.logit_bias(torch.zeros(1, 2, 3, HEAD_DIM), 0, 3)
-    encoding.bind_heads(2)
-    with pytest.raises(ValueError, match="slopes were set for 2 heads, not 4"):
-        encoding.bind_heads(4)
+    with pytest.raises(ValueError, match="built for 2 heads, not 4"):
+        PositionalMultiheadAttention(4 * HEAD_DIM, 4, encoding)

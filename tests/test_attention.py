@@ -327,7 +327,7 @@ def test_steps_that_need_more_take_the_general_path(monkeypatch):
 
     monkeypatch.setattr(PositionalMultiheadAttention, "_decoding_step", refuse)
     x = torch.randn(1, 2, EMBED)
-    rpe = PositionalMultiheadAttention(EMBED, HEADS, RelativePositionEncoding(EMBED // HEADS, 4)).eval()
+    rpe = PositionalMultiheadAttention(EMBED, HEADS, RelativePositionEncoding(EMBED // HEADS, HEADS, 4)).eval()
     dropping = rope_attention()
     dropping.dropout_module.p, dropping.dropout_module.apply_during_inference = 0.5, True
     with torch.no_grad():

@@ -48,6 +48,9 @@ def test_interactive_translates_from_any_directory(toy_data_bin, trained_rope_ch
     hyps = run_interactive(toy_data_bin, trained_rope_checkpoint, ["red house", "the old dog"], cwd=tmp_path)
     assert len(hyps) == 2
     assert hyps[0] == "haus rot"
+    # An unknown word ("the"): the known ones still translated in reverse order, whatever the
+    # model makes of it, and nothing outside the lexicon.
+    assert hyps[1].split()[:2] == ["hund", "alt"]
     assert set(hyps[1].split()) <= set(TOY_LEXICON.values()) | {"<unk>"}
 
 
@@ -103,4 +106,12 @@ def test_base_architecture_trains_and_generates_through_the_cli(toy_data_bin, tm
         toy_data_bin, "--user-dir", "fairseq_rope", "--path", tmp_path / "checkpoint_last.pt",
         "--beam", "4", "--lenpen", "0.6", "--max-len-b", "5", "--batch-size", "64", "--cpu",
     ])
-    assert "BLEU4" in out.stdout + out.stderr
+    # One hypothesis per test sentence, of 1 to 5 tokens (--max-len-b 5), all of them scored:
+    # BLEU's system and reference lengths are those of the H- and T- lines.
+    hyps = {int(i): h.split() for i, h in re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", out.stdout, flags=re.M)}
+    refs = {int(i): t.split() for i, t in re.findall(r"^T-(\d+)\t(.*)$", out.stdout, flags=re.M)}
+    assert sorted(hyps) == sorted(refs) == list(range(40))
+    assert all(1 <= len(h) <= 5 for h in hyps.values()), hyps
+    bleu = re.search(r"BLEU4 = [\d.]+, [\d./]+ \(BP=[\d.]+, ratio=[\d.]+, syslen=(\d+), reflen=(\d+)\)", out.stdout)
+    assert bleu, out.stdout[-2000:]
+    assert (int(bleu[1]), int(bleu[2])) == (sum(map(len, hyps.values())), sum(map(len, refs.values())))

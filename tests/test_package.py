@@ -4,16 +4,25 @@ one's torch and fairseq (through a .pth file) instead of installing them again."
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
+from typing import Dict, Set
 
 import pytest
 import sacrebleu
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11: pytest's own TOML reader there
+    import tomli as tomllib
 
 from tests.conftest import REPO
 
@@ -25,8 +34,8 @@ def run(*command: object, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def wheel_env(tmp_path_factory) -> Path:
-    """bin/ of a virtual environment with fairseq-rope installed from its wheel."""
+def wheel(tmp_path_factory) -> Path:
+    """The fairseq-rope wheel, built as pip builds it."""
     tmp = tmp_path_factory.mktemp("wheel")
     # Build from a copy of what the wheel is made of, so the checkout gets no build/ or egg-info.
     source = tmp / "source"
@@ -40,13 +49,20 @@ def wheel_env(tmp_path_factory) -> Path:
     for project in (source, tmp / "runtime"):
         run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp / "dist",
             project, cwd=tmp)
-    (wheel,) = (tmp / "dist").glob("fairseq_rope-*.whl")
-    (runtime,) = (tmp / "dist").glob("fairseq_rope_serve-*.whl")
+    (built,) = (tmp / "dist").glob("fairseq_rope-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def wheel_env(wheel, tmp_path_factory) -> Path:
+    """bin/ of a virtual environment with fairseq-rope and its runtime installed from their wheels."""
+    tmp = tmp_path_factory.mktemp("wheel-env")
     venv = tmp / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
     site = run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                cwd=tmp).stdout.strip()
     Path(site, "reuse_torch_and_fairseq.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (runtime,) = wheel.parent.glob("fairseq_rope_serve-*.whl")
     run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--no-deps", "--no-index",
         wheel, runtime, cwd=tmp, env=clean_env())
     return venv / "bin"
@@ -63,8 +79,47 @@ def test_the_wheel_holds_the_package_and_its_configs_not_the_checkout(wheel_env,
     where, configs = run(wheel_env / "python", "-c", code, cwd=tmp_path, env=clean_env()).stdout.split()
     assert Path(where).is_relative_to(wheel_env.parent) and not Path(where).is_relative_to(REPO)
     assert int(configs) == len(list((REPO / "configs").glob("*.yaml"))) >= 12
-    for script in ("prepare", "train", "evaluate", "average", "table", "demo", "benchmark"):
-        assert (wheel_env / f"fairseq-rope-{script}").is_file(), script
+
+
+def console_scripts(pyproject: Path) -> Dict[str, str]:
+    """A distribution's [project.scripts]: command → module:function."""
+    return tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"].get("scripts", {})
+
+
+def documented_commands() -> Set[str]:
+    """Every fairseq-rope-* command the README and docs/ name (results pages aside): in full, or
+    as `-name` after a full name on the same line (`fairseq-rope-bleu-by-length`, `-bleu-curve`)."""
+    names = set()
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            full = re.findall(r"\bfairseq-rope-([a-z0-9]+(?:-[a-z0-9]+)*)", line)
+            names.update(full)
+            if full:
+                names.update(re.findall(r"`-([a-z0-9]+(?:-[a-z0-9]+)*)`", line))
+    return {f"fairseq-rope-{name}" for name in names}
+
+
+def test_the_wheel_installs_every_console_script_of_pyproject(wheel, wheel_env, tmp_path):
+    """The wheel's entry points are pyproject.toml's [project.scripts], each installed as a
+    command whose function loads; the docs name the commands of this repository's
+    distributions, no other."""
+    declared = console_scripts(REPO / "pyproject.toml")
+    with zipfile.ZipFile(wheel) as archive:
+        (entry_points,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        parsed = configparser.ConfigParser(delimiters=("=",))
+        parsed.optionxform = str  # command names as written
+        parsed.read_string(archive.read(entry_points).decode("utf-8"))
+    assert dict(parsed["console_scripts"]) == declared
+    for command in declared:
+        assert os.access(wheel_env / command, os.X_OK), command
+    code = ("import json; from importlib.metadata import distribution; "
+            "print(json.dumps({ep.name: callable(ep.load()) for ep in distribution('fairseq-rope').entry_points "
+            "if ep.group == 'console_scripts'}))")
+    loaded = json.loads(run(wheel_env / "python", "-c", code, cwd=tmp_path, env=clean_env()).stdout)
+    assert loaded == {command: True for command in declared}
+
+    distributions = [REPO / "pyproject.toml", *sorted(REPO.glob("*/pyproject.toml"))]
+    assert documented_commands() == {c for pyproject in distributions for c in console_scripts(pyproject)}
 
 
 def test_the_installed_plugin_trains_with_fairseq_train_and_evaluates(wheel_env, toy_data_bin, tmp_path):

@@ -83,13 +83,14 @@ print(json.dumps({"applied": list(applied_patches()), "untouched": untouched}))
 """
 
 
-def probe(**env: str) -> Dict[str, Any]:
-    """Import fairseq_rope in a fresh process with ``env`` (and no other opt-out) set."""
+def probe(script: str = PROBE, **env: str) -> Dict[str, Any]:
+    """Run ``script`` (PROBE) in a fresh process with ``env`` (and no other opt-out) set;
+    its report, and its stderr as ``"stderr"``."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FAIRSEQ_ROPE_NO_", "TORCH_FORCE"))}
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                             env={**clean, "OMP_NUM_THREADS": "1", **env})
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return {**json.loads(result.stdout.strip().splitlines()[-1]), "stderr": result.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +122,18 @@ def test_opt_out_takes_true_values_only():
 
 
 def test_applying_again_changes_nothing():
-    targets = lambda: (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,  # noqa: E731
-                       PathManager.copy, FairseqTask.get_batch_iterator,
-                       dataclass_utils.override_module_args,
-                       list(torch.serialization.get_safe_globals()), iterators.BackgroundConsumer)
+    from fairseq.distributed import utils as distributed_utils
+
+    # Every patch's target, in PATCHES order (SAFE_LOADER has two).
+    targets = lambda: (list(torch.serialization.get_safe_globals()),  # noqa: E731
+                       checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.torch,
+                       distributed_utils.torch, PathManager.copy, FairseqTask.get_batch_iterator,
+                       dataclass_utils.override_module_args, iterators.BackgroundConsumer)
     before = targets()
-    assert apply_patches({}) == tuple(NAMES) == applied_patches()
+    applied = apply_patches({})
     assert targets() == before
-    for wrapper in before[0], before[2], before[3], before[4]:  # each wraps fairseq's original once
+    assert applied == tuple(NAMES) == applied_patches()
+    for wrapper in before[1], before[4], before[5], before[6]:  # each wraps fairseq's original once
         assert not hasattr(wrapper.__wrapped__, "__wrapped__")
 
 
@@ -214,6 +219,44 @@ def test_prefetch_exit_warns_and_skips_another_background_consumer(monkeypatch):
                                           r"\('self', 'queue', 'source', 'max_len', 'cuda_device', 'pin_memory'\)"):
         assert get_patch("PREFETCH_EXIT").apply() is False
     assert iterators.BackgroundConsumer is BackgroundConsumer and "PREFETCH_EXIT" not in applied_patches()
+
+
+def no_source(obj: Any) -> str:
+    """inspect.getsource where only bytecode is installed (.pyc without .py, a frozen app)."""
+    raise OSError("could not get source code")
+
+
+def fairseq_originals(monkeypatch) -> None:
+    """BROADCAST_LOAD's and BF16_DEVICE's targets as fairseq has them, unpatched."""
+    from fairseq.distributed import utils as distributed_utils
+
+    monkeypatch.setattr(distributed_utils, "torch", torch)
+    monkeypatch.setattr(dataclass_utils, "override_module_args", dataclass_utils.override_module_args.__wrapped__)
+
+
+@pytest.mark.parametrize("name", ["BROADCAST_LOAD", "BF16_DEVICE"])
+def test_a_guard_that_cannot_read_its_targets_source_warns_and_skips(name, monkeypatch):
+    fairseq_originals(monkeypatch)
+    assert name not in applied_patches()
+    monkeypatch.setattr(patches.inspect, "getsource", no_source)
+    with pytest.warns(PatchWarning, match=rf"patch {name} cannot be applied .* found a target whose source "
+                                          rf"cannot be read \(could not get source code\)\. Set "
+                                          rf"FAIRSEQ_ROPE_NO_{name}=1 .*skipped"):
+        assert get_patch(name).apply() is False
+    assert name not in applied_patches()
+
+
+def test_import_without_source_files_warns_and_applies_the_other_patches():
+    """``import fairseq_rope`` where inspect.getsource fails: the two patches whose guards read
+    source are skipped with a warning; the import, and every other patch, go on."""
+    report = probe(PROBE.replace("import fairseq_rope\n", "import inspect\n"
+                                 "def no_source(obj):\n    raise OSError('could not get source code')\n"
+                                 "inspect.getsource = no_source\nimport fairseq_rope\n"))
+    skipped = {"BROADCAST_LOAD", "BF16_DEVICE"}
+    assert report["applied"] == [n for n in NAMES if n not in skipped]
+    assert {n for n, untouched in report["untouched"].items() if untouched} == skipped
+    for name in skipped:
+        assert f"PatchWarning: fairseq-rope patch {name} cannot be applied" in report["stderr"]
 
 
 # ---------------------------------------------------------------- safe loading leaves os.environ alone

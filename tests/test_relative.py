@@ -17,7 +17,7 @@ VARIANTS = pytest.mark.parametrize("shared_heads", [False, True], ids=["per-head
 
 
 def rpe_attention(shared_heads: bool = False) -> PositionalMultiheadAttention:
-    encoding = RelativePositionEncoding(HEAD_DIM, K, shared_heads=shared_heads)
+    encoding = RelativePositionEncoding(HEAD_DIM, HEADS, K, shared_heads=shared_heads)
     return PositionalMultiheadAttention(EMBED, HEADS, encoding).eval()
 
 
@@ -57,7 +57,7 @@ def test_distances_beyond_k_share_one_bucket():
 
 @VARIANTS
 def test_clipped_distances_get_identical_logit_terms(shared_heads):
-    enc = RelativePositionEncoding(HEAD_DIM, K, num_heads=HEADS, shared_heads=shared_heads)
+    enc = RelativePositionEncoding(HEAD_DIM, HEADS, K, shared_heads=shared_heads)
     q = torch.randn(1, HEADS, 1, HEAD_DIM)
     bias = enc.logit_bias(q, offset=0, src_len=12)[0, :, 0]  # query at 0, keys at 0..11
     assert torch.allclose(bias[:, K:], bias[:, K : K + 1].expand(HEADS, 12 - K))
@@ -178,21 +178,18 @@ def test_per_head_checkpoint_into_a_shared_model_is_refused_naming_the_option():
         shared.position_encoding.upgrade_state_dict_named(state, "position_encoding")
 
 
-def test_per_head_tables_need_the_number_of_heads():
-    enc = RelativePositionEncoding(HEAD_DIM, K)
-    with pytest.raises(RuntimeError, match="pass num_heads or attach the encoding"):
-        enc.logit_bias(torch.randn(1, HEADS, 2, HEAD_DIM), offset=0, src_len=2)
-    enc.bind_heads(HEADS)
+def test_per_head_tables_are_built_for_the_given_heads():
+    enc = RelativePositionEncoding(HEAD_DIM, HEADS, K)
     assert enc.key_embeddings.weight.shape == (HEADS, 2 * K + 1, HEAD_DIM)
     with pytest.raises(ValueError, match="built for 3 heads, not 4"):
-        enc.bind_heads(4)
+        PositionalMultiheadAttention(4 * HEAD_DIM, 4, enc)
 
 
 def test_max_distance_must_be_positive():
     with pytest.raises(ValueError, match="--rpe-max-distance must be >= 1, got 0"):
-        RelativePositionEncoding(HEAD_DIM, 0)
+        RelativePositionEncoding(HEAD_DIM, HEADS, 0)
 
 
 def test_shared_heads_must_be_a_boolean():
     with pytest.raises(ValueError, match="--rpe-shared-heads must be a boolean, got 'False'"):
-        RelativePositionEncoding(HEAD_DIM, K, shared_heads="False")
+        RelativePositionEncoding(HEAD_DIM, HEADS, K, shared_heads="False")

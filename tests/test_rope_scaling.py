@@ -140,13 +140,16 @@ def test_dynamic_scaling_gives_each_sentence_the_scale_of_its_source_length(meth
     scaling = RopeScaling(f"dynamic-{method}", factor, original_length)
     q, k = torch.randn(2, 3, 1, 4, D, dtype=torch.float64).unbind(0)
     rq, rk = encode(scaling, q, k, offset=7, lengths=lengths)
+    # The first sentence, shorter than L: RoFormer's rotation at θ_i, no temperature.
+    for rotated, x in ((rq, q), (rk, k)):
+        torch.testing.assert_close(rotated[0, 0], rotate(x[0, 0], range(7, 11), rope_frequencies(THETA)),
+                                   atol=1e-10, rtol=0)
     for b, length in enumerate(lengths.tolist()):
         s = hf_dynamic_scale(length, original_length, factor)
         expected_q, expected_k = (reference(method, s, x[b, 0], range(7, 11), original_length) for x in (q, k))
         t = temperature(s) if method == "yarn" else 1.0
         torch.testing.assert_close(rk[b, 0], expected_k, atol=1e-10, rtol=0)
         torch.testing.assert_close(rq[b, 0], expected_q / t, atol=1e-10, rtol=0)
-    assert hf_dynamic_scale(5, original_length, factor) == 1  # the first sentence: unscaled
 
 
 @pytest.mark.parametrize("kind", [*METHODS, *(f"dynamic-{m}" for m in METHODS)])

@@ -45,8 +45,8 @@ from fairseq_rope.position_encoding import PositionEncoding
 # as in its EnsembleModel) and --max-source/target-positions only filter data.
 UNBOUNDED_POSITIONS = sys.maxsize
 
-# name → builder(cfg, head_dim) of the per-layer position encoding module.
-PositionEncodingBuilder = Callable[[Any, int], nn.Module]
+# name → builder(cfg, num_heads, head_dim) of the per-layer position encoding module.
+PositionEncodingBuilder = Callable[[Any, int, int], PositionEncoding]
 POSITION_ENCODINGS: Dict[str, PositionEncodingBuilder] = {}
 
 
@@ -85,7 +85,7 @@ def build_self_attention(layer: nn.Module, embed_dim: int, side: str, cfg) -> nn
     side_cfg = getattr(cfg, side)  # TransformerConfig.encoder / .decoder
     refuse_xformers(side, side_cfg.xformers_att_config)
     heads = side_cfg.attention_heads
-    encoding = POSITION_ENCODINGS[cfg.position_encoding](cfg, head_dim(embed_dim, heads))
+    encoding = POSITION_ENCODINGS[cfg.position_encoding](cfg, heads, head_dim(embed_dim, heads))
     return PositionalMultiheadAttention(
         embed_dim,
         heads,

@@ -41,8 +41,8 @@ ALIBI_ARCHITECTURES = {
 
 
 @register_position_encoding("alibi")
-def build_alibi(cfg, head_dim: int) -> AlibiBias:
-    return AlibiBias(head_dim)  # the heads (hence slopes) come from the attention module
+def build_alibi(cfg, num_heads: int, head_dim: int) -> AlibiBias:
+    return AlibiBias(num_heads)
 
 
 @register_family("transformer_alibi", ALIBI_OPTIONS, ALIBI_ARCHITECTURES)

@@ -92,7 +92,7 @@ ROPE_ARCHITECTURES = {
 
 
 @register_position_encoding("rope")
-def build_rotary_embedding(cfg, head_dim: int) -> RotaryEmbedding:
+def build_rotary_embedding(cfg, num_heads: int, head_dim: int) -> RotaryEmbedding:
     # getattr: args that no architecture function completed (checkpoints from before scaling
     # are completed by theirs on load, to the same 'none').
     scaling = RopeScaling.from_options(getattr(cfg, "rope_scaling", "none"),

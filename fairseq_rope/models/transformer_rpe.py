@@ -53,10 +53,9 @@ RPE_ARCHITECTURES = {
 
 
 @register_position_encoding("rpe")
-def build_relative_encoding(cfg, head_dim: int) -> RelativePositionEncoding:
-    # The number of heads comes from the attention module (bind_heads).
+def build_relative_encoding(cfg, num_heads: int, head_dim: int) -> RelativePositionEncoding:
     return RelativePositionEncoding(
-        head_dim, cfg.rpe_max_distance, shared_heads=getattr(cfg, "rpe_shared_heads", False)
+        head_dim, num_heads, cfg.rpe_max_distance, shared_heads=getattr(cfg, "rpe_shared_heads", False)
     )
 
 

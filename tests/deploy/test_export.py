@@ -85,6 +85,34 @@ def test_existing_out_dir_is_kept_unless_forced(exported, trained, tmp_path, cap
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+@pytest.mark.parametrize("failure", ["truncated checkpoint", "verification"])
+def test_a_forced_export_that_fails_keeps_the_old_directory(failure, exported, trained, tmp_path, monkeypatch, capsys):
+    """--force replaces OUT_DIR only with a finished export: failing before the conversion (an
+    unreadable checkpoint) or after it (the forced-decoding check), the previous export stays,
+    byte for byte, and nothing is left beside it."""
+    from fairseq_rope.deploy import export
+
+    out = tmp_path / "out"
+    shutil.copytree(exported("rope"), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    checkpoint = trained("rope")
+    if failure == "truncated checkpoint":
+        checkpoint = tmp_path / "c.pt"
+        checkpoint.write_bytes(trained("rope").read_bytes()[:1000])
+        expected = "is truncated, corrupt or not a checkpoint"
+    else:
+        def differs(model, task, model_dir, tolerance=export.TOLERANCE):
+            assert (Path(model_dir) / "model.bin").is_file()  # converted, beside the old directory
+            raise DeployError("the CTranslate2 model does not compute what the fairseq model computes")
+
+        monkeypatch.setattr(export, "verify_export", differs)
+        expected = "does not compute what the fairseq model computes"
+    assert main([str(checkpoint), str(out), "--force"]) == 1
+    assert expected in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {p.name for p in tmp_path.iterdir()} <= {"out", "c.pt"}  # no temporary directory left
+
+
 def test_int8_export_is_smaller_and_translates_like_float32(exported, fairseq_model):
     """Quantized weights (the export's own check runs on float32 first), loaded and decoding
     every sentence."""

@@ -37,3 +37,39 @@ def test_evaluate_with_ctranslate2(trained, deploy_data, fairseq_model, fairseq_
     hyps = (eval_dir / "hyps.tok.de").read_text().splitlines()
     assert hyps == [t.hypothesis for t in translations]
     assert (eval_dir / "ctranslate2" / "model.bin").is_file()
+
+
+def test_evaluate_with_ctranslate2_int8_writes_its_own_records(trained, deploy_data, exported, fairseq_model,
+                                                               tmp_path):
+    """``--quantization int8``: its export, decoding and results under eval-ctranslate2-int8/, the
+    int8 model's own hypotheses; the records of fairseq and of the float32 export are untouched."""
+    from fairseq_rope.deploy.decoding import Decoding
+    from fairseq_rope.deploy.model_dir import ModelDirectory
+    from tests.deploy.test_decoding import ct2_beams
+
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    shutil.copy(trained("rope"), save_dir / "checkpoint_1_150.pt")
+    for earlier in ("eval", "eval-ctranslate2"):
+        (save_dir / earlier).mkdir()
+        for name in ("results.json", "generate-test.txt", "hyps.tok.de", "run.json"):
+            (save_dir / earlier / name).write_text(f"{earlier}/{name}\n")
+    records = lambda: {p: p.read_bytes() for d in ("eval", "eval-ctranslate2") for p in (save_dir / d).rglob("*")}  # noqa: E731
+    before = records()
+    assert evaluate.main([str(save_dir), str(deploy_data / "data-bin"), "--engine", "ctranslate2",
+                          "--quantization", "int8", "--num-checkpoints", "1", "--threads", "1"]) == 0
+    assert records() == before
+
+    eval_dir = save_dir / "eval-ctranslate2-int8"
+    results = json.loads((eval_dir / "results.json").read_text())
+    model_dir = eval_dir / "ctranslate2-int8"
+    assert results["engine"]["name"] == "ctranslate2" and results["engine"]["quantization"] == "int8"
+    assert results["engine"]["model_dir"] == str(model_dir.resolve())
+    assert ModelDirectory.read(model_dir).quantization == "int8"
+    # The int8 export's hypotheses, which differ from the float32 export's in some sentences.
+    int8 = ct2_beams(exported, fairseq_model, "rope", Decoding(), "int8")
+    float32 = ct2_beams(exported, fairseq_model, "rope", Decoding())
+    assert any(a.tokens != b.tokens for a, b in zip(int8, float32))
+    translations = {t.id: t.hypothesis for t in read_generate_output(eval_dir / "generate-test.txt")}
+    assert translations == {i: " ".join(h.tokens).replace("@@ ", "") for i, h in enumerate(int8)}
+    assert results["num_sentences"] == len(int8)

@@ -6,6 +6,7 @@ import json
 import shlex
 import shutil
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -216,16 +217,31 @@ def test_train_sh_logs_what_each_invocation_trains_with(tmp_path, monkeypatch):
     assert invocations[0]["code_commit"] and invocations[0]["train_cpu"]  # a git checkout, a CPU
 
 
+STEP_SECONDS = 42.5
+
+
+def timed_steps(monkeypatch) -> list:
+    """The commands reproduce runs, each taking STEP_SECONDS on a clock of the test's own."""
+    ran, clock = [], [1000.0]
+
+    def run_step(command, device=CPU):
+        ran.append(command)
+        clock[0] += STEP_SECONDS
+
+    monkeypatch.setattr(reproduce, "run_step", run_step)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    return ran
+
+
 def test_a_finished_run_is_not_trained_again(tmp_path, monkeypatch):
     """fairseq-train resuming a finished run would take one more update: skip it."""
-    ran = []
-    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
+    ran = timed_steps(monkeypatch)
     config = Path(load_experiment("rope_demo").path)
     (tmp_path / "train.log").write_text(TRAIN_LOG)  # 150 updates
     assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "150"]) is None
     assert not ran
-    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "200"]) >= 0
-    assert ran[0][-4:] == ["--seed", "1", "--max-update", "200"]
+    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--max-update", "200"]) == STEP_SECONDS
+    assert len(ran) == 1 and ran[0][-4:] == ["--seed", "1", "--max-update", "200"]
 
 
 def test_prepared_wmt14_data_is_not_prepared_again_without_raw_dir(tmp_path, monkeypatch):
@@ -660,8 +676,7 @@ def test_parse_train_log_reads_valid_bleu():
 
 def test_a_converged_run_is_not_trained_again(tmp_path, monkeypatch):
     """Patience 2 is met at update 796 (two validations without a new best, a tie included)."""
-    ran = []
-    monkeypatch.setattr(reproduce, "run_step", lambda command, device=CPU: ran.append(command))
+    ran = timed_steps(monkeypatch)
     config = Path(load_experiment("rope_multi30k-converged").path)
     (tmp_path / "train.log").write_text(CONVERGED_LOG)
     assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--patience", "2"]) is None
@@ -670,7 +685,8 @@ def test_a_converged_run_is_not_trained_again(tmp_path, monkeypatch):
         "validate_interval_updates": "199", "update": 796, "reason": "patience",
         "best_update": 398, "best_bleu": 13.89}
     assert not ran
-    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--patience", "3"]) >= 0  # resumes
+    assert reproduce.train(config, tmp_path / "bin", tmp_path, 1, ["--patience", "3"]) == STEP_SECONDS  # resumes
+    assert len(ran) == 1 and ran[0][-5:] == [tmp_path, "--seed", "1", "--patience", "3"]
     with pytest.raises(TableError, match="has not converged by its rule .patience 3.*last validation at update 796"):
         reproduce.convergence_of(tmp_path, config, ["--patience", "3"])
 

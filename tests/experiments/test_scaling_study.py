@@ -162,9 +162,11 @@ def test_original_lengths_are_the_longest_pair_and_the_95th_percentile(tmp_path)
     fairseq_cli("fairseq-preprocess", ["--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
                                        "--workers", "1", "--trainpref", raw / "train", "--destdir", tmp_path / "bin"])
     pairs = [max(n) + 1 for n in sides]
-    covering = min(v for v in set(pairs) if sum(p <= v for p in pairs) >= 0.95 * len(pairs))
-    assert scaling_study.original_lengths(tmp_path / "bin") == {"longest": 22, "p95": covering}
-    assert covering == 10  # the 38 short pairs, not the two long ones
+    # The smallest length that 95 % of the pairs do not exceed: numpy's inverted-CDF percentile,
+    # the longest of the 38 short pairs (10: a side of 9 words and EOS), not the two long ones.
+    p95 = int(np.percentile(pairs, 95, method="inverted_cdf"))
+    assert p95 == max(pairs[:38]) == 10
+    assert scaling_study.original_lengths(tmp_path / "bin") == {"longest": 22, "p95": p95}
 
 
 def test_collect_shows_the_study_in_the_length_table(tmp_path, monkeypatch):
@@ -224,10 +226,16 @@ def test_a_baseline_can_be_a_committed_record(tmp_path, monkeypatch):
     evaluated = scaling_study.study(runs, factors=(2.0,), baselines=[sinusoidal])["baselines"]["sinusoidal"][0]
     report = scaling_study.study(runs, factors=(2.0,), baselines=[record])
     recorded = report["baselines"]["sinusoidal"][0]
-    assert [(b["bucket"], b["sentences"]) for b in recorded] == [(b["bucket"], b["sentences"]) for b in evaluated]
-    for got, want in zip(recorded, evaluated):
-        assert got["bleu"] == want["bleu"] and got["length_ratio"] == want["length_ratio"]
-    assert [b["runaways"] for b in recorded] == [b["runaways"] for b in evaluated]
+    assert recorded == evaluated
+    # Both against sacrebleu on each bucket's sentences: the 20 of 5 words, the 60 of 14.
+    members = {"1-8": slice(0, 20), "13-16": slice(20, 80)}
+    assert {b["bucket"]: b["sentences"] for b in recorded if b["sentences"]} == {"1-8": 20, "13-16": 60}
+    for bucket in recorded:
+        if bucket["sentences"]:
+            rows = members[bucket["bucket"]]
+            assert abs(bucket["bleu"] - bleu(hyps[rows], refs[rows])) < 1e-9
+            words = lambda lines: sum(len(line.split()) for line in lines)  # noqa: E731
+            assert bucket["length_ratio"] == pytest.approx(words(hyps[rows]) / words(refs[rows]), rel=1e-12)
     assert {b["bucket"]: b["runaways"] for b in recorded if b["runaways"]} == {"1-8": 1, "13-16": 2}
 
     # A record from before the evaluation listed its runaways' ids: the cells are —, with a note.

@@ -37,7 +37,7 @@ RATIO = 3.0
 
 def attention_pair(shared_heads: bool):
     """An RPE self-attention and fairseq's self-attention with the same projections, fp32 on the CPU."""
-    rpe = PositionalMultiheadAttention(EMBED, HEADS, RelativePositionEncoding(HEAD_DIM, K, shared_heads=shared_heads))
+    rpe = PositionalMultiheadAttention(EMBED, HEADS, RelativePositionEncoding(HEAD_DIM, HEADS, K, shared_heads=shared_heads))
     stock = MultiheadAttention(EMBED, HEADS, self_attention=True)
     stock.load_state_dict({k: v for k, v in rpe.state_dict().items() if "position_encoding" not in k})
     return rpe.eval(), stock.eval()
