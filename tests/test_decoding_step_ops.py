@@ -104,10 +104,10 @@ def test_step_rotation_takes_as_few_operators_as_the_dtype_allows(dtype, layout,
     no complex counterpart, and the half layout's pairs are not adjacent: three
     kernels (to fp32, multiply, back; or the swap of each pair, two products)."""
     rope = RotaryEmbedding(HEAD_DIM, rope_dim, theta=THETA, layout=layout)
-    qk = torch.randn(3, 3, HEADS, HEAD_DIM).to(dtype)[:, :2]  # as the packed projection gives it
+    qkv = torch.randn(3, 3, HEADS, HEAD_DIM).to(dtype)  # as the packed projection gives it
     with torch.no_grad():
-        rope.encode_step(qk, 5, 0.25)  # builds the tables
-        ops = operators(lambda: rope.encode_step(qk, 5, 0.25))
+        rope.encode_step(qkv, 5, 0.25)  # builds the tables
+        ops = operators(lambda: rope.encode_step(qkv, 5, 0.25))
     assert len(ops) <= (2 if dtype == torch.float32 and layout == "interleaved" else 3), ops
 
 
@@ -155,13 +155,14 @@ def test_half_precision_step_rotation_matches_fp64_and_the_general_path(dtype, l
     the lean step and the general path (encode_qk, then q's scaling) are each
     within the rounding bound of fp64 math, so within twice it of each other."""
     rope = RotaryEmbedding(HEAD_DIM, rope_dim, theta=THETA, layout=layout)
-    qk = (4 * torch.randn(5, 3, HEADS, HEAD_DIM)).to(dtype)[:, :2]
+    qkv = (4 * torch.randn(5, 3, HEADS, HEAD_DIM)).to(dtype)
+    qk = qkv[:, :2]
     q_scale = HEAD_DIM**-0.5
     scale = torch.tensor([q_scale, 1.0], dtype=torch.float64)[:, None, None]  # q's row, k's row
     with torch.no_grad():
         for offset in (0, 1, 9, 1000, 20000, 3):
-            lean = rope.encode_step(qk, offset, q_scale)
-            general = PositionEncoding.encode_step(rope, qk, offset, q_scale)
+            lean = torch.stack(rope.encode_step(qkv, offset, q_scale)[:2], dim=1)
+            general = torch.stack(PositionEncoding.encode_step(rope, qkv, offset, q_scale)[:2], dim=1)
             expected, magnitude = reference_rotation(qk, torch.tensor(offset), rope.rope_dim, layout)
             bound = rounding_bound(scale * magnitude, dtype)
             assert lean.dtype == dtype and lean.shape == qk.shape
