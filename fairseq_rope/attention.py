@@ -383,11 +383,12 @@ class _LastMask:
     decoder gets the same mask tensors in one forward pass: the first builds the
     additive mask, the others reuse it. Identity, not equality, decides (the
     references held keep the tensors alive, so an identity cannot be recycled);
-    a mask built in inference mode is an inference tensor, kept apart."""
+    a mask built in inference mode is an inference tensor, kept apart. The inputs
+    and their mask are one tuple, read once and replaced whole, so a thread never
+    pairs its inputs with another thread's mask."""
 
     def __init__(self) -> None:
-        self.inputs: Tuple[object, ...] = (object(),) * 4  # matches no call
-        self.mask: Optional[Tensor] = None
+        self.entry: Tuple[Tuple[object, ...], Optional[Tensor]] = ((object(),) * 4, None)  # matches no call
 
     def additive(
         self, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
@@ -395,9 +396,11 @@ class _LastMask:
         if attn_mask is None and key_padding_mask is None:
             return None
         inputs = (attn_mask, key_padding_mask, dtype, torch.is_inference_mode_enabled())
-        if any(a is not b for a, b in zip(self.inputs, inputs)):
-            self.inputs, self.mask = inputs, additive_mask(attn_mask, key_padding_mask, dtype)
-        return self.mask
+        last_inputs, mask = self.entry
+        if any(a is not b for a, b in zip(last_inputs, inputs)):
+            mask = additive_mask(attn_mask, key_padding_mask, dtype)
+            self.entry = (inputs, mask)
+        return mask
 
 
 _MASKS = _LastMask()

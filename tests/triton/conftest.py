@@ -1,8 +1,7 @@
 """The fused Triton rotation on the CPU, under Triton's interpreter (``make test-triton``).
 
 ``TRITON_INTERPRET=1`` must be set before the kernels are defined, that is before
-:mod:`fairseq_rope.rotary_triton` is imported: this conftest sets it at collection, and the
-fixtures import the kernels. The interpreter's limits shape the tests: it is slow (small shapes),
+:mod:`fairseq_rope.rotary_triton` is imported: the ``kernels`` fixture sets it, then imports them. The interpreter's limits shape the tests: it is slow (small shapes),
 does no bf16 arithmetic (the kernel does none: it computes in fp32) and truncates when it stores
 bf16 (so bf16 results are compared within one unit in the last place more than rounding allows).
 """
@@ -17,12 +16,11 @@ import pytest
 
 from fairseq_rope import rotary
 
-os.environ["TRITON_INTERPRET"] = "1"
-
 
 @pytest.fixture
 def kernels():
     """The kernel module, interpreted; importing Triton fails the test where it is missing."""
+    os.environ["TRITON_INTERPRET"] = "1"
     from fairseq_rope import rotary_triton
 
     return rotary_triton
