@@ -41,10 +41,11 @@ rotates each sentence with its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-from typing import Any, FrozenSet, Literal, Optional, Tuple
+from typing import Any, FrozenSet, Iterator, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -86,6 +87,19 @@ def fused_kernels(x: Tensor) -> Any:
         _fused = _load_fused(os.environ.get(FUSED_VARIABLE, "auto").strip().lower())
     module, devices = _fused
     return module if x.device.type in devices and x.dtype in FUSED_DTYPES else None
+
+
+@contextlib.contextmanager
+def fused_rotation(setting: str) -> Iterator[None]:
+    """The fused rotation switched as ``FAIRSEQ_ROPE_TRITON=setting`` switches it, for the duration
+    (benchmarks and tests compare the two paths in one process)."""
+    global _fused
+    previous = _fused
+    _fused = _load_fused(setting.strip().lower())
+    try:
+        yield
+    finally:
+        _fused = previous
 
 
 def _load_fused(setting: str) -> Tuple[Any, FrozenSet[str]]:

@@ -40,9 +40,7 @@ def paths(monkeypatch, kernels):
             launches.append("rotate")
             return rotate(*args, **kwargs)
 
-        with monkeypatch.context() as patch:
-            fused = (kernels, frozenset({"cpu"})) if path == "fused" else (None, frozenset())
-            patch.setattr(rotary, "_fused", fused)
+        with monkeypatch.context() as patch, rotary.fused_rotation("interpret" if path == "fused" else "0"):
             patch.setattr(kernels, "rotate", counted)
             yield launches
         if path == "fused":
