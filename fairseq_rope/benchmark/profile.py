@@ -1,7 +1,6 @@
 """Operator profile of a training step and of a beam search, RoPE against stock.
 
-Where :mod:`~fairseq_rope.benchmark.phases` splits a decode by module, this
-splits a training step (forward, backward, Adam) and a decode by torch
+This splits a training step (forward, backward, Adam) and a decode by torch
 operator: ``torch.profiler``'s self CPU time and call count per operator, per
 step, for the stock ``sinusoidal`` row and ``rope``, built and fed as the
 benchmark builds and feeds them, in fp32, fp16 or bf16. On a GPU it also gives
