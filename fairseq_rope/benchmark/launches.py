@@ -122,7 +122,7 @@ ROWS = (("sinusoidal (stock)", "sinusoidal", "0"), ("rope, PyTorch path", "rope"
 
 
 def count_model(size: str, device: torch.device, dtype: str, length: int = 16, sentences: int = 4,
-                seed: int = 1) -> Dict[str, Dict[str, float]]:
+                seed: int = 1, rows: Sequence[Tuple[str, str, str]] = ROWS) -> Dict[str, Dict[str, float]]:
     """Per row of :data:`ROWS`: launches of one ``Trainer.train_step`` (forward, backward, Adam) and
     of one beam search (beam 4, output forced to ``length`` tokens), and the model's self-attention
     layers. On the CPU the fused row runs under Triton's interpreter (if Triton is installed)."""
@@ -130,7 +130,7 @@ def count_model(size: str, device: torch.device, dtype: str, length: int = 16, s
     from fairseq_rope.benchmark import models
 
     results: Dict[str, Dict[str, float]] = {}
-    for label, row, setting in ROWS:
+    for label, row, setting in rows:
         if setting == "auto" and device.type == "cpu":
             setting = "interpret"
             os.environ.setdefault("TRITON_INTERPRET", "1")
