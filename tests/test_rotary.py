@@ -21,6 +21,7 @@ from fairseq_rope.rotary import (
     rotation_angles,
     validate_rope_options,
 )
+from tests.rope_reference import eq34
 
 
 def rope(x, offset=0, layout="interleaved", rope_dim=None, theta=10000.0):
@@ -135,7 +136,7 @@ def test_angles_at_position_20000_match_fp64_in_low_precision(dtype):
     torch.testing.assert_close(cos.double(), ref_angles.cos(), atol=5e-3, rtol=0)
     torch.testing.assert_close(sin.double(), ref_angles.sin(), atol=5e-3, rtol=0)
     y = rope(x, 20000)
-    ref = apply_rotary(x.double(), ref_angles.cos(), ref_angles.sin(), "interleaved")
+    ref, _, _ = eq34(x, range(20000, 20003), d, "interleaved")  # Eq. 34 written out in fp64
     torch.testing.assert_close(y.double(), ref, atol=0.05, rtol=0.02)
 
 
@@ -272,10 +273,9 @@ def test_fast_path_handles_awkward_strides(layout, case):
         x = torch.randn(1 + 4 * 6 * 8)[1:].view(4, 6, 8)
     else:
         x = torch.randn(4, 8, 6).transpose(-1, -2)
-    cos, sin = cos_sin(6, 8, 10000.0, x.device, x.dtype)
-    expected = reference_rotary(x, cos, sin, layout)
+    expected, _, _ = eq34(x, range(6), 8, layout)  # Eq. 34 written out in fp64
     for got in RotaryEmbedding(8, layout=layout).encode_qk(x, x, 0):
-        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 # --- The shared cos/sin cache: clearable, bounded (LRU), exact after eviction.
