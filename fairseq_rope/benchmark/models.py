@@ -25,7 +25,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -217,6 +217,18 @@ def forced_length_generator(task, model, length: int, beam: int = 4, lenpen: flo
 
     return task.build_generator([model], GenerationConfig(beam=beam, lenpen=lenpen, min_len=length,
                                                           max_len_a=0, max_len_b=length))
+
+
+def beam_search_call(trainer, task, generator, sample: Dict[str, Any]) -> Callable[[], List]:
+    """One beam search of ``sample`` by the trainer's model in eval mode (train mode again after)."""
+    def decode() -> List:
+        trainer.model.eval()
+        try:
+            return task.inference_step(generator, [trainer.model], sample)
+        finally:
+            trainer.model.train()
+
+    return decode
 
 
 def bench_decoding(

@@ -92,15 +92,7 @@ def measure(
         generator = models.forced_length_generator(task, trainer.model, length)
         sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
         train[name] = lambda trainer=trainer, batch=batch: trainer.train_step([batch])
-
-        def decode_call(trainer=trainer, task=task, generator=generator, sample=sample):
-            trainer.model.eval()
-            try:
-                return task.inference_step(generator, [trainer.model], sample)
-            finally:
-                trainer.model.train()
-
-        decode[name] = decode_call
+        decode[name] = models.beam_search_call(trainer, task, generator, sample)
     with models.quiet():
         return {phase: profile_interleaved(calls, steps, device)
                 for phase, calls in (("train", train), ("decode", decode))}
