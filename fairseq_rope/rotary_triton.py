@@ -103,6 +103,17 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def block_sizes(length: int, half: int, head_dim: int) -> Tuple[int, int, int, int]:
+    """(positions per program, then the pairs', the tail's and the whole head's blocks): powers of
+    two, as ``tl.arange`` needs (Triton's interpreter does not check it; the compiler does), about
+    :data:`_ELEMENTS_PER_PROGRAM` elements of q per program."""
+    block_half = _next_power_of_2(half)
+    block_tail = _next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 1
+    fits = max(1, _ELEMENTS_PER_PROGRAM // (2 * block_half + block_tail))
+    block_t = min(_next_power_of_2(length), 1 << (fits.bit_length() - 1))
+    return block_t, block_half, block_tail, _next_power_of_2(head_dim)
+
+
 def rotate(
     q: Tensor, k: Tensor, out_q: Tensor, out_k: Tensor, cos: Tensor, sin: Tensor, start: int,
     interleaved: bool, q_scale: float = 1.0, inverse: bool = False,
@@ -125,9 +136,7 @@ def rotate(
         raise ValueError("cos and sin tables must share their strides")
     if length == 0 or batch * heads == 0:
         return
-    block_half = _next_power_of_2(half)
-    block_tail = _next_power_of_2(head_dim - 2 * half) if head_dim > 2 * half else 1
-    block_t = min(_next_power_of_2(length), max(1, _ELEMENTS_PER_PROGRAM // (2 * block_half + block_tail)))
+    block_t, block_half, block_tail, block_d = block_sizes(length, half, head_dim)
     grid = (batch * heads, triton.cdiv(length, block_t))
     v_args: Sequence[Tensor] = (v, out_v) if v is not None else (q, out_q)  # unused without HAS_V
     _rotary_kernel[grid](
@@ -138,7 +147,7 @@ def rotate(
         heads, length, start, float(q_scale), -1.0 if inverse else 1.0,
         HEAD_DIM=head_dim, HALF=half, INTERLEAVED=interleaved, HAS_V=v is not None,
         HAS_TAIL=head_dim > 2 * half, BLOCK_T=block_t, BLOCK_HALF=block_half, BLOCK_TAIL=block_tail,
-        BLOCK_D=_next_power_of_2(head_dim),
+        BLOCK_D=block_d,
     )
 
 

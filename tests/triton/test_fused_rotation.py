@@ -188,3 +188,15 @@ def test_opt_out_variable_selects_the_pytorch_path(monkeypatch, kernels):
         rotary.fused_kernels(torch.zeros(1))
     monkeypatch.setattr(rotary, "_fused", (kernels, frozenset({"cpu"})))
     assert rotary.fused_kernels(torch.zeros(1, dtype=torch.float64)) is None  # fp64: the PyTorch path
+
+
+@pytest.mark.parametrize("head_dim, rope_dim", [(64, 64), (64, 32), (96, 96), (80, 48), (16, 6), (2, 2)])
+@pytest.mark.parametrize("length", [1, 5, 63, 64, 1000, 4097])
+def test_block_sizes_are_powers_of_two_as_the_compiler_needs(kernels, head_dim, rope_dim, length):
+    """The interpreter runs any tl.arange; the GPU compiler takes only powers of two."""
+    sizes = kernels.block_sizes(length, rope_dim // 2, head_dim)
+    assert all(size > 0 and size & (size - 1) == 0 for size in sizes), sizes
+    block_t, block_half, block_tail, block_d = sizes
+    assert block_half >= rope_dim // 2 and block_d >= head_dim and block_tail >= head_dim - rope_dim
+    assert block_t * head_dim <= 2 * 4096 or block_t == 1  # about 4096 elements per program
+
