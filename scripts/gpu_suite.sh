@@ -150,7 +150,7 @@ while [[ $# -gt 0 ]]; do
             [[ $2 =~ ^([a-z]+)=([0-9]+)$ && -n ${LIMIT[${BASH_REMATCH[1]}]:-} ]] \
                 || { echo "error: --limit takes STEP=SECONDS, got $2" >&2; exit 2; }
             OVERRIDE[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
-        -h|--help) sed -n '2,46p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,41p' "$SELF" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (--help for usage)" >&2; exit 2 ;;
     esac
 done
