@@ -17,9 +17,10 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fairseq-rope-installed
 RUNTIME_WHEELS := $(VENV)/runtime-wheels
+TRITON_STAMP := $(VENV)/.fairseq-rope-triton-installed
 DEMO_DIR ?= demo
 
-.PHONY: setup demo test test-slow test-all test-gpu clean-demo wheelhouse
+.PHONY: setup demo test test-slow test-all test-gpu test-triton clean-demo wheelhouse
 
 setup: $(STAMP)
 
@@ -54,11 +55,21 @@ test-slow: setup
 	$(BIN)/python -m pytest $(PARALLEL) -m slow
 
 # Everything CPU can run (the GPU tests need FAIRSEQ_ROPE_GPU_TESTS_DEVICE=cpu here: test-gpu).
-test-all: setup
+test-all: $(TRITON_STAMP)
 	$(BIN)/python -m pytest $(PARALLEL) -m "not gpu"
 
 test-gpu: setup
 	$(BIN)/python -m pytest -m gpu tests/gpu
+
+# The fused Triton rotation under Triton's interpreter on the CPU (tests/triton, docs/gpus.md).
+# Triton is a 290 MB download (1 GB installed) that `make test` does without: its own target,
+# which .ci/run runs after `make test`.
+$(TRITON_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test,triton]"
+	@touch $@
+
+test-triton: $(TRITON_STAMP)
+	$(BIN)/python -m pytest $(PARALLEL) -m triton tests/triton
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -24,7 +24,7 @@ reduces to −m_h·(i − j). Cross-attention has no bias.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -44,8 +44,9 @@ def alibi_slopes(num_heads: int) -> Tuple[float, ...]:
 
 
 # The last bias built (see AlibiBias.logit_bias): every layer of an encoder or decoder
-# asks for the same one in a forward pass.
-_LAST_BIAS: List[Any] = [None, None]
+# asks for the same one in a forward pass. One (key, bias) tuple, read once and replaced
+# whole: a thread never pairs its key with another thread's bias.
+_last_bias: Tuple[Any, Any] = (None, None)
 
 
 class AlibiBias(PositionEncoding):
@@ -64,13 +65,15 @@ class AlibiBias(PositionEncoding):
         tgt_len = q.size(-2)
         key = (tgt_len, src_len, offset, self.slopes, q.dtype, q.device,
                torch.is_inference_mode_enabled())
-        if _LAST_BIAS[0] == key:
-            return _LAST_BIAS[1]
+        global _last_bias
+        last_key, last = _last_bias
+        if last_key == key:
+            return last
         # Distances and slopes in fp64, rounded once to q's dtype.
         queries = torch.arange(offset, offset + tgt_len, device=q.device, dtype=torch.float64)
         keys = torch.arange(src_len, device=q.device, dtype=torch.float64)
         distance = (keys[None, :] - queries[:, None]).abs()  # (T, S)
         slopes = torch.tensor(self.slopes, dtype=torch.float64, device=q.device)
         bias = (-slopes[:, None, None] * distance).to(q.dtype)
-        _LAST_BIAS[:] = [key, bias]
+        _last_bias = (key, bias)
         return bias

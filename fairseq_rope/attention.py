@@ -105,22 +105,33 @@ class PositionalMultiheadAttention(MultiheadAttention):
 
     def _packed_projection(self) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
         """The packed q/k/v weight and bias while the parameters still live in them;
-        else None (three projections). Only for passes without gradients: the
-        packed tensors are not the parameters autograd would update."""
+        else None (three projections). With gradients, only through :class:`_PackedLinear`:
+        the packed tensors are not the parameters autograd updates."""
         if self._packed is not None and self._projection_pointers() != self._packed_pointers:
             # Stale for good (nothing moves parameters back into it): let the memory
             # go, under FSDP an unsharded copy of the q/k/v weights.
             self._packed = None
         return self._packed
 
-    def _project_qkv(
-        self, query: Tensor, bsz: int, packed: Optional[Tuple[Tensor, Optional[Tensor]]]
+    def _encoded_qkv(
+        self, query: Tensor, bsz: int, packed: Optional[Tuple[Tensor, Tensor]], offset: int
     ) -> Tuple[Tensor, Tensor, Tensor]:
-        """q, k, v as (B, H, T, D): one matmul with the packed weights if given, else three."""
-        if packed is not None:
+        """q, k, v as (B, H, T, D), q and k encoded: one matmul with the packed weights if given
+        (with gradients through :class:`_PackedLinear`), else three."""
+        encoding = self._modules["position_encoding"]
+        if packed is not None and torch.is_grad_enabled():
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+            if torch.is_autocast_enabled() or any(p._forward_pre_hooks or p._forward_hooks for p in projections):
+                packed = None  # autocast casts inside the matmul; hooks want their module calls
+            else:
+                qkv = _PackedLinear.apply(query, *packed, *(p.weight for p in projections),
+                                          *(p.bias for p in projections if p.bias is not None))
+        elif packed is not None:
             qkv = F.linear(query, *packed)  # (T, B, 3C)
-            return qkv.view(-1, bsz, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4).unbind(0)
+        if packed is not None:
+            return encoding.encode_qkv(qkv.view(-1, bsz, 3, self.num_heads, self.head_dim), offset)
         q, k, v = (self._split_heads(_project(p, query), bsz) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = encoding.encode_qk(q, k, offset)
         return q, k, v
 
     def forward(
@@ -157,9 +168,9 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
                 )
         need_weights = need_weights or need_head_weights
-        packed = self._packed_projection()  # also in training, to drop a stale copy at once
+        packed = self._packed_projection()
         if torch.is_grad_enabled():
-            return self._attend(query, None, key_padding_mask, incremental_state, need_weights, attn_mask,
+            return self._attend(query, packed, key_padding_mask, incremental_state, need_weights, attn_mask,
                                 need_head_weights)
         # No gradient wanted (decoding): inference mode drops the autograd
         # bookkeeping of the dozen small ops and views of a step. The results
@@ -189,9 +200,9 @@ class PositionalMultiheadAttention(MultiheadAttention):
         qkv = F.linear(query, *packed).view(bsz, 3, self.num_heads, self.head_dim)
         saved_state = self._get_input_buffer(incremental_state)
         offset = saved_state["prev_key"].size(2) if "prev_key" in saved_state else 0
-        q, k = self.position_encoding.encode_step(qkv[:, :2], offset, self.scaling).unbind(1)
+        q, k, v = self.position_encoding.encode_step(qkv, offset, self.scaling)
         k, v, key_padding_mask = self._extend_cache(
-            incremental_state, saved_state, k[:, :, None], qkv[:, 2, :, None], key_padding_mask, bsz
+            incremental_state, saved_state, k[:, :, None], v[:, :, None], key_padding_mask, bsz
         )
         # Heads folded into the batch: bmm, without matmul's broadcasting work.
         q = q.reshape(-1, 1, self.head_dim)  # (B·H, 1, D)
@@ -213,8 +224,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
         need_head_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, _ = query.size()
-        q, k, v = self._project_qkv(query, bsz, packed)
-
         saved_state = None
         offset = 0
         if incremental_state is not None:
@@ -222,7 +231,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
             if "prev_key" in saved_state:
                 offset = saved_state["prev_key"].size(2)
         encoding = self.position_encoding
-        q, k = encoding.encode_qk(q, k, offset)
+        q, k, v = self._encoded_qkv(query, bsz, packed, offset)
 
         if saved_state is not None:
             k, v, key_padding_mask = self._extend_cache(
@@ -308,6 +317,30 @@ class PositionalMultiheadAttention(MultiheadAttention):
         return out, weights
 
 
+class _PackedLinear(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` with the packed q/k/v weight and bias, whose row blocks are the
+    three projections' parameters (passed after them, only for autograd to route their gradients):
+    one matmul forward; backward one matmul for x, one for the packed weight (each parameter's
+    gradient is a view of its block) and one sum for the packed bias, where three projections
+    take three of each and two additions."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *parameters: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        weights_wanted = any(ctx.needs_input_grad[3:6])
+        grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
+        rows = grad.reshape(-1, grad.size(-1))
+        grad_weights = rows.t().mm(x.reshape(-1, x.size(-1))).chunk(3) if weights_wanted else (None,) * 3
+        grad_biases = rows.sum(0).chunk(3) if ctx.has_bias else ()
+        return (grad_x, None, None, *grad_weights, *grad_biases)
+
+
 def _softmax(logits: Tensor) -> Tensor:
     """Softmax over the keys; in fp32 for half-precision logits."""
     if logits.dtype in (torch.float16, torch.bfloat16):
@@ -350,11 +383,12 @@ class _LastMask:
     decoder gets the same mask tensors in one forward pass: the first builds the
     additive mask, the others reuse it. Identity, not equality, decides (the
     references held keep the tensors alive, so an identity cannot be recycled);
-    a mask built in inference mode is an inference tensor, kept apart."""
+    a mask built in inference mode is an inference tensor, kept apart. The inputs
+    and their mask are one tuple, read once and replaced whole, so a thread never
+    pairs its inputs with another thread's mask."""
 
     def __init__(self) -> None:
-        self.inputs: Tuple[object, ...] = (object(),) * 4  # matches no call
-        self.mask: Optional[Tensor] = None
+        self.entry: Tuple[Tuple[object, ...], Optional[Tensor]] = ((object(),) * 4, None)  # matches no call
 
     def additive(
         self, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
@@ -362,9 +396,11 @@ class _LastMask:
         if attn_mask is None and key_padding_mask is None:
             return None
         inputs = (attn_mask, key_padding_mask, dtype, torch.is_inference_mode_enabled())
-        if any(a is not b for a, b in zip(self.inputs, inputs)):
-            self.inputs, self.mask = inputs, additive_mask(attn_mask, key_padding_mask, dtype)
-        return self.mask
+        last_inputs, mask = self.entry
+        if any(a is not b for a, b in zip(last_inputs, inputs)):
+            mask = additive_mask(attn_mask, key_padding_mask, dtype)
+            self.entry = (inputs, mask)
+        return mask
 
 
 _MASKS = _LastMask()

@@ -70,16 +70,24 @@ class PositionEncoding(nn.Module):
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
         return q, k
 
-    def encode_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
-        """One decoding step's queries and keys, at position ``offset``, with the
+    def encode_qkv(self, qkv: Tensor, offset: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """q, k and v, each (B, H, T, head_dim), from the packed projection qkv (T, B, 3, H,
+        head_dim), q and k encoded: this default splits the heads (views) and calls
+        :meth:`encode_qk`; an encoding may fuse the two (RoPE's kernel writes SDPA's layout)."""
+        q, k, v = qkv.permute(2, 1, 3, 0, 4).unbind(0)
+        q, k = self.encode_qk(q, k, offset)
+        return q, k, v
+
+    def encode_step(self, qkv: Tensor, offset: int, q_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+        """One decoding step's queries, keys and values, at position ``offset``, with the
         queries also multiplied by ``q_scale`` (the attention's 1/√d).
 
-        qk: (B, 2, H, head_dim), queries at index 0 and keys at 1 of dim 1 (how
-        the packed projection lays them out); returns the same shape. This
+        qkv: (B, 3, H, head_dim), queries, keys and values at index 0, 1 and 2 of dim 1 (how
+        the packed projection lays them out); returns q, k and v, each (B, H, head_dim). This
         default goes through :meth:`encode_qk`; an encoding may fuse the two.
         """
-        q, k = self.encode_qk(qk[:, 0, :, None], qk[:, 1, :, None], offset)
-        return torch.stack((q[:, :, 0] * q_scale, k[:, :, 0]), dim=1)
+        q, k = self.encode_qk(qkv[:, 0, :, None], qkv[:, 1, :, None], offset)
+        return q[:, :, 0] * q_scale, k[:, :, 0], qkv[:, 2]
 
     def logit_bias(self, q: Tensor, offset: int, src_len: int) -> Optional[Tensor]:
         """Additive term of the scaled logits (those already divided by √d), broadcastable

@@ -1,14 +1,12 @@
-"""Rotary Position Embedding (RoPE) math, after Su et al., *RoFormer: Enhanced
-Transformer with Rotary Position Embedding* (2021).
+"""Rotary Position Embedding (RoPE), after Su et al., *RoFormer: Enhanced Transformer with
+Rotary Position Embedding* (2021): the rotation and the position encoding that applies it.
 
 Notation follows the paper. A d-dimensional query or key x at position m is
-split into d/2 pairs; pair i is rotated in its plane by the angle m·θ_i with
-
-    θ_i = base^(-2(i-1)/d),  i = 1 … d/2                           (Eq. 15)
-
-so that ⟨f(q, m), f(k, n)⟩ = Re[Σ_i q_i k_i* e^{i(m-n)θ_i}] depends on the
-positions only through m − n (Eq. 16). The rotation matrix R^d_{Θ,m} is block
-diagonal and sparse, so it is applied in the element-wise form of Eq. 34:
+split into d/2 pairs; pair i is rotated in its plane by the angle m·θ_i
+(θ_i: Eq. 15, :mod:`fairseq_rope.rotary_tables`), so that
+⟨f(q, m), f(k, n)⟩ = Re[Σ_i q_i k_i* e^{i(m-n)θ_i}] depends on the positions
+only through m − n (Eq. 16). The rotation matrix R^d_{Θ,m} is block diagonal
+and sparse, so it is applied in the element-wise form of Eq. 34:
 
     R x = x ⊙ cos(mθ) + rotate(x) ⊙ sin(mθ),
     rotate(x_1, x_2, x_3, x_4, …) = (−x_2, x_1, −x_4, x_3, …).
@@ -22,11 +20,18 @@ They are the same operator up to a fixed permutation of the head dimensions
 (:func:`layout_permutation`). With partial rotary only the first ``rope_dim``
 dimensions of each head are rotated; the rest pass through unchanged.
 
-Angles are always computed in fp32 (fp64 for fp64 inputs), whatever the dtype
-of q and k: in fp16 the position 20000 is not even representable to the unit,
-let alone its product with θ_1. Only the final cos/sin are cast to q's dtype.
-In the interleaved layout fp16 and bf16 pairs are rotated in fp32 too, by the
-fp32 e^{imθ}, and rounded once: as a decoding step rotates them.
+Two implementations, chosen per call by :class:`RotaryEmbedding`:
+
+* **fused** (:mod:`fairseq_rope.rotary_triton`): one Triton kernel rotates q and k
+  together, forward and backward, straight from the packed projection, in fp32
+  registers, rounded once. The default for CUDA tensors in fp32/fp16/bf16 when
+  Triton imports; ``FAIRSEQ_ROPE_TRITON=0`` turns it off (``interpret``: also for
+  CPU tensors, under Triton's interpreter, which is how the tests run it).
+* **PyTorch** (this module): the reference, and the path on the CPU. A full pass
+  goes through :func:`apply_rotary`: in the interleaved layout one complex multiply
+  by the fp32 e^{imθ} (fp16/bf16 pairs rotated in fp32 and rounded once), in the
+  half layout four real kernels. A decoding step multiplies its q and k by
+  per-position multipliers that also carry the 1/√d of q (:meth:`RotaryEmbedding.encode_step`).
 
 For inputs longer than training, the frequencies can be scaled
 (:mod:`fairseq_rope.rope_scaling`): a fixed scale changes only the shared
@@ -36,19 +41,85 @@ rotates each sentence with its own.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections import OrderedDict
-from typing import Any, Dict, List, Literal, Optional, Tuple
+import os
+from typing import Any, FrozenSet, Iterator, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from fairseq_rope.position_encoding import PositionEncoding
 from fairseq_rope.rope_scaling import RopeScaling
+from fairseq_rope.rotary_tables import (  # noqa: F401  (cos_sin, clear_cos_sin_cache, _TABLES: the cache's API)
+    _TABLES,
+    DEFAULT_THETA,
+    angle_dtype,
+    cached_angles,
+    clear_cos_sin_cache,
+    cos_sin,
+    cos_sin_table,
+    inverse_frequencies,
+    rotation_angles,
+    sentence_cos_sin,
+    step_multipliers,
+)
+
+logger = logging.getLogger(__name__)
 
 Layout = Literal["interleaved", "half"]
 LAYOUTS: Tuple[str, ...] = ("interleaved", "half")
-DEFAULT_THETA = 10000.0
+
+#: The fused rotation's switch: unset or ``auto`` (CUDA tensors, when Triton imports), ``0``
+#: (never: the PyTorch path everywhere), ``interpret`` (CUDA and CPU tensors, the latter under
+#: Triton's interpreter: for tests). Read once, at the first rotation.
+FUSED_VARIABLE = "FAIRSEQ_ROPE_TRITON"
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_fused: Optional[Tuple[Any, FrozenSet[str]]] = None
+
+
+def fused_kernels(x: Tensor) -> Any:
+    """:mod:`fairseq_rope.rotary_triton` if it rotates ``x`` (its device and dtype, and the
+    switch :data:`FUSED_VARIABLE`), else None."""
+    global _fused
+    if _fused is None:
+        _fused = _load_fused(os.environ.get(FUSED_VARIABLE, "auto").strip().lower())
+    module, devices = _fused
+    return module if x.device.type in devices and x.dtype in FUSED_DTYPES else None
+
+
+@contextlib.contextmanager
+def fused_rotation(setting: str) -> Iterator[None]:
+    """The fused rotation switched as ``FAIRSEQ_ROPE_TRITON=setting`` switches it, for the duration
+    (benchmarks and tests compare the two paths in one process)."""
+    global _fused
+    previous = _fused
+    _fused = _load_fused(setting.strip().lower())
+    try:
+        yield
+    finally:
+        _fused = previous
+
+
+def _load_fused(setting: str) -> Tuple[Any, FrozenSet[str]]:
+    if setting in ("0", "off", "false", "no"):
+        return None, frozenset()
+    if setting == "interpret":
+        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, at import
+        devices = frozenset(("cuda", "cpu"))
+    elif setting in ("", "auto", "1", "on", "true", "yes"):
+        devices = frozenset(("cuda",))
+        if not torch.cuda.is_available():
+            return None, frozenset()  # no import of Triton where it could not run
+    else:
+        raise ValueError(f"{FUSED_VARIABLE}={setting!r}: use 0 (off), auto (the default) or interpret")
+    try:
+        from fairseq_rope import rotary_triton
+    except ImportError as error:  # Triton missing: the PyTorch path, which is exact too
+        logger.info("RoPE: the fused rotation needs Triton (%s): rotating with PyTorch", error)
+        return None, frozenset()
+    return rotary_triton, devices
 
 
 def validate_rope_options(
@@ -74,47 +145,13 @@ def validate_rope_options(
         )
 
 
-def angle_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Precision of the angles for inputs of ``dtype``: fp32, or fp64 for fp64 inputs."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def inverse_frequencies(
-    rope_dim: int,
-    theta: float = DEFAULT_THETA,
-    device: Optional[torch.device] = None,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """θ_i = base^(−2(i−1)/d) for i = 1 … d/2 (Eq. 15), shape (d/2,)."""
-    exponents = torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device)
-    return (float(theta) ** (-exponents / rope_dim)).to(dtype)
-
-
-def scaled_frequencies(
-    rope_dim: int,
-    theta: float,
-    scaling: Optional[RopeScaling],
-    device: Optional[torch.device] = None,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """θ_i (Eq. 15), or their scaling at its fixed scale S: computed in fp64, then cast."""
-    if scaling is None:
-        return inverse_frequencies(rope_dim, theta, device, dtype)
-    return scaling.frequencies(inverse_frequencies(rope_dim, theta, device, torch.float64), scaling.factor).to(dtype)
-
-
-def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """The angles m·θ_i in inv_freq's precision, shape ``positions.shape + (d/2,)``."""
-    return positions.to(inv_freq.dtype).unsqueeze(-1) * inv_freq
-
-
 def apply_rotary(
     x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, cis: Optional[Tensor] = None
 ) -> Tensor:
     """Rotate ``x`` by the angles whose cosines and sines are given (Eq. 34).
 
-    The one rotation path: :meth:`RotaryEmbedding.encode_qk` calls it for q and
-    k with the cached cos/sin of positions offset, offset+1, …; called directly
+    The PyTorch path of a full pass: :meth:`RotaryEmbedding.encode_qk` calls it for q
+    and k with the cached cos/sin of positions offset, offset+1, …; called directly
     (cos/sin of :func:`rotation_angles` of any positions) it is the pure function.
 
     x:        (..., T, head_dim), any float dtype and strides.
@@ -218,210 +255,15 @@ def layout_permutation(rope_dim: int, head_dim: Optional[int] = None) -> Tensor:
     return torch.cat((pairs.flatten(), torch.arange(rope_dim, head_dim)))
 
 
-class _CosSinTable:
-    """cos/sin of m·θ_i for m in [0, capacity), in one device and dtype."""
-
-    def __init__(self, inv_freq: Tensor, dtype: torch.dtype, capacity: int) -> None:
-        positions = torch.arange(capacity, device=inv_freq.device)
-        angles = rotation_angles(positions, inv_freq)
-        cos, sin = angles.cos(), angles.sin()
-        self.cos = cos.to(dtype)
-        self.sin = sin.to(dtype)
-        # e^{i mθ} in the angles' precision, for the interleaved layout's complex
-        # multiply (see _rotate): every pair in one pass (Eq. 16's form, e^{imθ} · (x1 + i x2)).
-        self.cis = torch.complex(cos, sin)
-        self._inv_freq = inv_freq
-        self._steps: Dict[Tuple[float, int, str], Tuple[Any, ...]] = {}
-
-    def step_multipliers(self, q_scale: float, head_dim: int, layout: Layout) -> Tuple[Any, ...]:
-        """What a decoding step multiplies its q and k (B, 2, H, head_dim) by, for each
-        position m (indexed by m: a step finds its own by tuple indexing, without a
-        tensor op), q's row scaled by ``q_scale``:
-
-        * ``interleaved`` (complex tables only): [q_scale · e^{imθ}, e^{imθ}] as a
-          (2, 1, head_dim/2) complex view, the pairs past rope_dim multiplied by
-          [q_scale, 1];
-        * ``half``: (C, S), each (2, 1, head_dim) in the table's dtype, such that
-          R x = x ⊙ C + swap(x) ⊙ S, swap exchanging the members of each pair
-          (past rope_dim C = 1, S = 0).
-        """
-        key = (q_scale, head_dim, layout)
-        steps = self._steps.get(key)
-        if steps is None:
-            with torch.inference_mode(False):  # shared, like the table itself
-                build = self._complex_steps if layout == "interleaved" else self._half_steps
-                steps = build(q_scale, head_dim)
-            self._steps[key] = steps
-        return steps
-
-    def _complex_steps(self, q_scale: float, head_dim: int) -> Tuple[Tensor, ...]:
-        passthrough = self.cis.new_ones(self.capacity, head_dim // 2 - self.cis.size(-1))
-        cis = torch.cat((self.cis, passthrough), -1)
-        return torch.stack((cis * q_scale, cis), dim=1).unsqueeze(2).unbind(0)
-
-    def _half_steps(self, q_scale: float, head_dim: int) -> Tuple[Tuple[Tensor, Tensor], ...]:
-        # From the angles, not from the cast cos/sin: C and S are rounded to the
-        # dtype once, after the product with q_scale.
-        angles = rotation_angles(torch.arange(self.capacity, device=self._inv_freq.device), self._inv_freq)
-        cos, sin = angles.cos(), angles.sin()
-        passthrough = head_dim - 2 * cos.size(-1)
-        cos = torch.cat((cos, cos, cos.new_ones(self.capacity, passthrough)), -1)
-        sin = torch.cat((-sin, sin, sin.new_zeros(self.capacity, passthrough)), -1)
-        cos, sin = (torch.stack((t * q_scale, t), dim=1).unsqueeze(2).to(self.cos.dtype) for t in (cos, sin))
-        return tuple(zip(cos.unbind(0), sin.unbind(0)))
-
-    @property
-    def capacity(self) -> int:
-        return self.cos.size(0)
-
-
-#: Most cos/sin tables :func:`cos_sin` keeps: one per (rope_dim, theta, scaling,
-#: device, dtype) in use. A model needs one or two (its rope_dim and dtype on its device);
-#: beyond this bound the least recently used table is dropped and, if needed
-#: again, rebuilt identically.
-COS_SIN_CACHE_SIZE = 16
-
-# Tables are shared by every layer (and model) with the same (rope_dim, theta) and
-# fixed scaling (None: unscaled), per device and dtype; they hold no parameters and
-# never enter a state dict. Least recently used first.
-TableKey = Tuple[int, float, torch.device, torch.dtype, Optional[RopeScaling]]
-_TABLES: "OrderedDict[TableKey, _CosSinTable]" = OrderedDict()
-
-
-# The last lookup and its slices. Every layer of an encoder or decoder asks for the
-# same positions in one forward pass (in a decoding step: one position), so all
-# but the first layer are served here without touching the table cache.
-_LAST_LOOKUP: List[Any] = [None, None]
-
-
-def clear_cos_sin_cache() -> None:
-    """Drop every cached cos/sin table (and the device memory it holds)."""
-    _TABLES.clear()
-    _LAST_LOOKUP[:] = [None, None]
-    _LAST_STEP[:] = [None, ()]
-    _LAST_SENTENCES[:] = [None, None]
-
-
-def cos_sin(
-    length: int,
-    rope_dim: int,
-    theta: float,
-    device: torch.device,
-    dtype: torch.dtype,
-    offset: int = 0,
-    scaling: Optional[RopeScaling] = None,
-) -> Tuple[Tensor, Tensor]:
-    """cos and sin of the angles for positions offset … offset+length−1, at the
-    frequencies of a fixed ``scaling`` if given.
-
-    Served from a cache that grows (to the next power of two) on demand, so
-    there is no maximum length; angles are computed in fp32 and only the final
-    values are cast to ``dtype``. The cache holds at most
-    :data:`COS_SIN_CACHE_SIZE` tables (least recently used dropped first);
-    :func:`clear_cos_sin_cache` empties it.
-    """
-    cos, sin, _ = _cached_angles(length, rope_dim, theta, device, dtype, offset, scaling)
-    return cos, sin
-
-
-def _cached_angles(
-    length: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, offset: int,
-    scaling: Optional[RopeScaling] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`cos_sin` and cos + i·sin in the angles' precision (fp32, or fp64)."""
-    # Slices taken under inference mode are not for autograd: a separate entry.
-    lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled(), scaling)
-    if _LAST_LOOKUP[0] == lookup:
-        return _LAST_LOOKUP[1]
-    needed = offset + length
-    table = _table(rope_dim, theta, device, dtype, needed, scaling)
-    angles = (table.cos[offset:needed], table.sin[offset:needed], table.cis[offset:needed])
-    _LAST_LOOKUP[:] = [lookup, angles]
-    return angles
-
-
-def _table(
-    rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, needed: int,
-    scaling: Optional[RopeScaling] = None,
-) -> "_CosSinTable":
-    """The shared table of (rope_dim, θ, a fixed scaling or None) on ``device`` in ``dtype``,
-    holding at least ``needed`` positions; built or grown on demand, least recently used dropped."""
-    key = (rope_dim, float(theta), device if isinstance(device, torch.device) else torch.device(device), dtype,
-           scaling)
-    table = _TABLES.get(key)
-    if table is None or table.capacity < needed:
-        capacity = max(256, 1 << (needed - 1).bit_length())
-        # Built as normal tensors even when the first caller decodes under
-        # torch.inference_mode(): an inference tensor in the shared table would
-        # make every later training step fail ("Inference tensors cannot be
-        # saved for backward"), the backward saving cos/sin.
-        with torch.inference_mode(False):
-            inv_freq = scaled_frequencies(rope_dim, theta, scaling, device, angle_dtype(dtype))
-            table = _CosSinTable(inv_freq, dtype, capacity)
-        _TABLES[key] = table
-        while len(_TABLES) > COS_SIN_CACHE_SIZE:
-            _TABLES.popitem(last=False)
-    _TABLES.move_to_end(key)
-    return table
-
-
-# The step multipliers of the last table asked for (see _step_multipliers). The key
-# does not depend on the position, so every layer and step of a beam search hits it.
-_LAST_STEP: List[Any] = [None, ()]
-
-
-def _step_multipliers(
-    offset: int, rope_dim: int, theta: float, device: torch.device, dtype: torch.dtype, q_scale: float,
-    head_dim: int, layout: Layout, scaling: Optional[RopeScaling] = None,
-) -> Any:
-    """Position ``offset``'s entry of :meth:`_CosSinTable.step_multipliers`."""
-    lookup = (rope_dim, theta, device, dtype, q_scale, head_dim, layout, scaling)
-    steps = _LAST_STEP[1]
-    if offset >= len(steps) or _LAST_STEP[0] != lookup:
-        table = _table(rope_dim, theta, device, dtype, offset + 1, scaling)
-        steps = table.step_multipliers(q_scale, head_dim, layout)
-        _LAST_STEP[:] = [lookup, steps]
-    return steps[offset]
-
-
-# The last per-sentence lookup (see sentence_cos_sin). Every layer of an encoder or
-# decoder rotates the same sentences at the same positions in one forward pass, and
-# is given the same source-length tensor: the first layer computes, the others reuse.
-_LAST_SENTENCES: List[Any] = [None, None]
-
-
-def sentence_cos_sin(
-    scaling: RopeScaling, source_lengths: Tensor, length: int, rope_dim: int, theta: float,
-    dtype: torch.dtype, offset: int = 0,
-) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """cos and sin, (B, 1, length, rope_dim/2), of positions offset … offset+length−1 for each
-    sentence at its own scale s = ``scaling.scale(source_lengths)``; and YaRN's logit factor 1/t
-    per sentence, (B, 1, 1, 1), or None. Angles in fp32 (fp64 for fp64), like the tables."""
-    lookup = (length, offset, rope_dim, theta, dtype, torch.is_inference_mode_enabled(), scaling)
-    last = _LAST_SENTENCES[0]
-    if last is not None and last[0] is source_lengths and last[1] == lookup:
-        return _LAST_SENTENCES[1]
-    device = source_lengths.device
-    scale = scaling.scale(source_lengths)[:, None]  # (B, 1), fp64
-    inv_freq = scaling.frequencies(inverse_frequencies(rope_dim, theta, device, torch.float64), scale)
-    positions = torch.arange(offset, offset + length, device=device)
-    angles = rotation_angles(positions, inv_freq.to(angle_dtype(dtype))[:, None])  # (B, T, d/2)
-    factor = None
-    if scaling.method == "yarn":
-        factor = scaling.logit_factor(scale).to(dtype)[:, :, None, None]
-    result = (angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None], factor)
-    _LAST_SENTENCES[:] = [(source_lengths, lookup), result]
-    return result
-
-
 class RotaryEmbedding(PositionEncoding):
     """RoPE as a position encoding for one attention module's queries and keys.
 
     Holds only hyper-parameters (no parameters or buffers), so ``.half()``,
     ``.to(device)`` and checkpoints never touch it; cos/sin come from the
-    shared fp32-computed cache of :func:`cos_sin`. It has no ``forward``: the
-    attention calls :meth:`encode_qk`, the only way it rotates (through
-    :func:`apply_rotary`).
+    shared fp32-computed tables of :mod:`fairseq_rope.rotary_tables`. It has no
+    ``forward``: the attention calls :meth:`encode_qk` (or :meth:`encode_qkv`,
+    the packed projection of a full pass, and :meth:`encode_step`, a decoding
+    step), each through the fused kernel where it applies, else PyTorch.
 
     ``scaling`` (:class:`~fairseq_rope.rope_scaling.RopeScaling`, None: the
     paper's RoPE) at a fixed scale only changes the tables' frequencies (and,
@@ -467,11 +309,21 @@ class RotaryEmbedding(PositionEncoding):
     def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
         """Rotate queries and keys (..., T, head_dim) at positions offset, offset+1, … (Eq. 34);
         with a dynamic scaling, (B, H, T, head_dim) with sentence b at its own scale."""
+        kernels = fused_kernels(q) if q.dim() == 4 and q.shape == k.shape else None
+        if kernels is not None:
+            cos, sin, start, factor = self._fused_angles(q, offset)
+            q, k = kernels.rotate_qk(q, k, cos, sin, start, self.layout == "interleaved", self._q_factor)
+            return (q * factor if factor is not None else q), k
         if self.uses_source_lengths:
-            return self._encode_sentences(q, k, offset)
+            lengths = self._sentence_lengths(q)
+            cos, sin, factor = sentence_cos_sin(
+                self.scaling, lengths, q.size(-2), self.rope_dim, self.theta, q.dtype, offset
+            )
+            q, k = _rotate_all((q, k), cos, sin, None, self.layout)
+            return (q * factor if factor is not None else q), k
         # One table lookup for both, and no module call: a decoding step is
         # all overhead, the tensors being a single position each.
-        cos, sin, cis = _cached_angles(
+        cos, sin, cis = cached_angles(
             q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset, self._table_scaling
         )
         q, k = _rotate_all((q, k), cos, sin, cis, self.layout)
@@ -479,7 +331,34 @@ class RotaryEmbedding(PositionEncoding):
             q = q * self._q_factor  # YaRN: softmax(q·k / (t·√d))
         return q, k
 
-    def _encode_sentences(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
+    def encode_qkv(self, qkv: Tensor, offset: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """The packed projection (T, B, 3, H, head_dim) as encoded q, k and v, each (B, H, T, head_dim)
+        in SDPA's layout, by the fused kernel in one launch (its backward too); where the kernel
+        does not apply, the heads are split (views) and rotated by :meth:`encode_qk`."""
+        kernels = fused_kernels(qkv)
+        if kernels is None:
+            return super().encode_qkv(qkv, offset)
+        cos, sin, start, factor = self._fused_angles(qkv, offset, batch=qkv.size(1), length=qkv.size(0))
+        q, k, v = kernels.rotate_packed(qkv, cos, sin, start, self.layout == "interleaved", self._q_factor)
+        return (q * factor if factor is not None else q), k, v
+
+    def _fused_angles(
+        self, x: Tensor, offset: int, batch: Optional[int] = None, length: Optional[int] = None
+    ) -> Tuple[Tensor, Tensor, int, Optional[Tensor]]:
+        """The fused kernel's fp32 cos and sin, the table row of the first position, and a per-sentence
+        factor of q (dynamic YaRN) or None. x: (B, H, T, ·) unless batch and length are given."""
+        batch = x.size(0) if batch is None else batch
+        length = x.size(-2) if length is None else length
+        if self.uses_source_lengths:
+            lengths = self._sentence_lengths(x, batch)
+            cos, sin, factor = sentence_cos_sin(
+                self.scaling, lengths, length, self.rope_dim, self.theta, torch.float32, offset
+            )  # (B, 1, T, d/2): each sentence's own table, from its first position
+            return cos[:, 0], sin[:, 0], 0, None if factor is None else factor.to(x.dtype)
+        table = cos_sin_table(self.rope_dim, self.theta, x.device, x.dtype, offset + length, self._table_scaling)
+        return table.cos_angle, table.sin_angle, offset, None
+
+    def _sentence_lengths(self, q: Tensor, batch: Optional[int] = None) -> Tensor:
         lengths = self.source_lengths
         if lengths is None:
             raise RuntimeError(
@@ -487,31 +366,36 @@ class RotaryEmbedding(PositionEncoding):
                 "transformer_rope encoder and decoder give their self-attention before each forward "
                 "(set_source_lengths); none was given"
             )
-        if q.dim() != 4 or lengths.shape != q.shape[:1]:
+        if batch is None and q.dim() != 4 or lengths.shape != (q.size(0) if batch is None else batch,):
             raise RuntimeError(
                 f"{tuple(lengths.shape)} source lengths for queries of shape {tuple(q.shape)}: "
                 "expected one per sentence of a (batch, heads, time, head_dim) tensor"
             )
-        cos, sin, factor = sentence_cos_sin(
-            self.scaling, lengths, q.size(-2), self.rope_dim, self.theta, q.dtype, offset
-        )
-        q, k = _rotate_all((q, k), cos, sin, None, self.layout)
-        if factor is not None:
-            q = q * factor
-        return q, k
+        return lengths
 
-    def encode_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
-        """A decoding step's q and k (B, 2, H, head_dim) rotated, the 1/√d scaling of
-        q folded into the per-position multipliers: one complex multiply in the
-        interleaved layout (Eq. 16's form), three real kernels in the half layout."""
-        if (qk.requires_grad and torch.is_grad_enabled()) or self.uses_source_lengths:
+    def encode_step(self, qkv: Tensor, offset: int, q_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+        """A decoding step's q, k and v, each (B, H, head_dim), from qkv (B, 3, H, head_dim), the
+        1/√d scaling of q folded into the rotation. Fused: one kernel for all three, each written
+        contiguous (the caches append contiguous keys and values). PyTorch: one complex multiply
+        in the interleaved layout (Eq. 16's form), three real kernels in the half layout."""
+        if (qkv.requires_grad and torch.is_grad_enabled()) or self.uses_source_lengths:
             # Through encode_qk (and its backward; or each sentence's own angles).
-            return super().encode_step(qk, offset, q_scale)
+            return super().encode_step(qkv, offset, q_scale)
         q_scale = q_scale * self._q_factor  # exact for 1.0: unscaled steps are unchanged
-        if self.layout == "half":
-            return self._half_step(qk, offset, q_scale)
+        kernels = fused_kernels(qkv)
+        if kernels is not None:
+            table = cos_sin_table(self.rope_dim, self.theta, qkv.device, qkv.dtype, offset + 1, self._table_scaling)
+            return kernels.rotate_step(qkv, table.cos_angle, table.sin_angle, offset, self.layout == "interleaved",
+                                       q_scale)
+        qk = qkv[:, :2]
+        rotated = self._half_step(qk, offset, q_scale) if self.layout == "half" else self._complex_step(
+            qk, offset, q_scale)
+        q, k = rotated.unbind(1)
+        return q, k, qkv[:, 2]
+
+    def _complex_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
         # qk's own table, the one its full passes use: its e^{imθ} is fp32 (fp64) whatever qk's dtype.
-        multipliers = _step_multipliers(
+        multipliers = step_multipliers(
             offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "interleaved",
             self._table_scaling,
         )
@@ -530,7 +414,7 @@ class RotaryEmbedding(PositionEncoding):
 
     def _half_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
         """x ⊙ C + swap(x) ⊙ S, swap exchanging the halves of the rotated dimensions."""
-        cos, sin = _step_multipliers(
+        cos, sin = step_multipliers(
             offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "half",
             self._table_scaling,
         )

@@ -215,11 +215,36 @@ def test_without_gradients_the_packed_projection_computes_what_training_computes
     attn = rope_attention()
     x = torch.randn(6, 3, EMBED)
     kpm = padding([6, 4, 1], 6)
-    with_grad, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # three projections
+    with_grad, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # through _PackedLinear
     with torch.no_grad():
-        packed, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # one
+        packed, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # F.linear
     torch.testing.assert_close(packed, with_grad, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(packed, reference(attn, x, kpm), atol=1e-5, rtol=1e-5)
+
+
+def test_training_through_the_packed_projection_gives_fairseqs_gradients():
+    """One matmul for q, k and v in training: the output, the input's gradient and every
+    parameter's gradient are those of fairseq's own attention (three projections) with the same
+    weights; a second backward accumulates into them as autograd does."""
+    stock = MultiheadAttention(EMBED, HEADS, self_attention=True)
+    ours = PositionalMultiheadAttention(EMBED, HEADS, NoEncoding())
+    ours.load_state_dict(stock.state_dict())
+    assert ours._packed_projection() is not None
+    x = torch.randn(5, 3, EMBED)
+    grads = []
+    for attn in (stock, ours):
+        leaf = x.clone().requires_grad_()
+        upstream = torch.randn(5, 3, EMBED, generator=torch.Generator().manual_seed(1))
+        for _ in range(2):
+            out, _ = attn(leaf, leaf, leaf, need_weights=False)
+            out.backward(upstream)
+        grads.append((out.detach(), leaf.grad, {n: p.grad for n, p in attn.named_parameters()}))
+    (stock_out, stock_x, stock_params), (out, x_grad, params) = grads
+    torch.testing.assert_close(out, stock_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x_grad, stock_x, atol=1e-5, rtol=1e-5)
+    assert params.keys() == stock_params.keys() and len(params) == 8
+    for name, grad in stock_params.items():
+        torch.testing.assert_close(params[name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_packing_changes_no_parameter_and_no_state_dict_key():

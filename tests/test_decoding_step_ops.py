@@ -5,17 +5,17 @@ half precision the rotation that fp64 math and the general path compute."""
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, List, Optional, Sequence, Tuple
+from collections import Counter
+from typing import Callable, Optional, Sequence, Tuple
 
 import pytest
 import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
-from torch.profiler import ProfilerActivity, profile
 
 from fairseq_rope.attention import PositionalMultiheadAttention
+from fairseq_rope.benchmark.launches import kernel_launches
 from fairseq_rope.position_encoding import PositionEncoding
 from fairseq_rope.rope_scaling import RopeScaling
 from fairseq_rope.rotary import RotaryEmbedding
@@ -32,32 +32,10 @@ CONFIGS = [("interleaved", None), ("interleaved", 4), ("half", None), ("half", 4
 # --- Counting operators
 
 
-@functools.lru_cache(maxsize=None)
-def _returns_aliases(name: str) -> bool:
-    """True if every tensor-returning overload of ``aten::name`` returns views of its
-    inputs (the schema's ``Tensor(a)``, not written to): a view costs
-    a dispatch but no kernel, and stock and RoPE lay out their views differently."""
-    packet = getattr(torch.ops.aten, name.split("::", 1)[1])
-    schemas = [getattr(packet, overload)._schema for overload in packet.overloads()]
-    schemas = [s for s in schemas if s.returns and all("Tensor" in str(r.type) for r in s.returns)]
-    return bool(schemas) and all(
-        r.alias_info is not None and not r.alias_info.is_write for s in schemas for r in s.returns
-    )
-
-
-def _copies(event) -> bool:
-    """A view-like call that had to copy after all (``reshape``, ``to`` across dtypes)."""
-    return any(child.name == "aten::copy_" or _copies(child) for child in event.cpu_children)
-
-
-def operators(call: Callable[[], object]) -> List[str]:
-    """The aten operators ``call`` dispatches from Python (not those nested inside
-    another operator), views left out unless they copied."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        call()
-    top = [e for e in prof.events() if e.name.startswith("aten::")
-           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
-    return [e.name for e in top if not _returns_aliases(e.name) or _copies(e)]
+def operators(call: Callable[[], object]) -> Counter:
+    """The kernels ``call`` launches, counted on the CPU per operator (fairseq_rope/benchmark/launches.py:
+    operators dispatched from Python, views left out unless they copied)."""
+    return kernel_launches(call, torch.device("cpu"))[1]
 
 
 def rope_attention(dtype: torch.dtype, layout: str = "interleaved", rope_dim: Optional[int] = None,
@@ -66,7 +44,7 @@ def rope_attention(dtype: torch.dtype, layout: str = "interleaved", rope_dim: Op
     return PositionalMultiheadAttention(EMBED, HEADS, encoding).eval().to(dtype)
 
 
-def step_operators(attn: MultiheadAttention, dtype: torch.dtype) -> List[str]:
+def step_operators(attn: MultiheadAttention, dtype: torch.dtype) -> Counter:
     """Operators of the 4th decoding step (one new position, no gradient, incremental
     state), after three unprofiled steps have built every cache."""
     x = torch.randn(4, 3, EMBED).to(dtype)
@@ -93,8 +71,8 @@ SCALINGS = {"none": None, "yarn": RopeScaling("yarn", 4.0, 64)}
 def test_decoding_step_has_no_more_operators_than_stock_attention(dtype, layout, rope_dim, scaling):
     stock = step_operators(MultiheadAttention(EMBED, HEADS, self_attention=True).eval().to(dtype), dtype)
     rope = step_operators(rope_attention(dtype, layout, rope_dim, SCALINGS[scaling]), dtype)
-    assert stock.count("aten::linear") == 4  # the counter sees the step: q, k, v and output projections
-    assert len(rope) <= len(stock), f"RoPE {rope} against stock {stock}"
+    assert stock["aten::linear"] == 4  # the counter sees the step: q, k, v and output projections
+    assert sum(rope.values()) <= sum(stock.values()), f"RoPE {rope} against stock {stock}"
 
 
 @pytest.mark.parametrize("layout, rope_dim", CONFIGS)
@@ -104,11 +82,11 @@ def test_step_rotation_takes_as_few_operators_as_the_dtype_allows(dtype, layout,
     no complex counterpart, and the half layout's pairs are not adjacent: three
     kernels (to fp32, multiply, back; or the swap of each pair, two products)."""
     rope = RotaryEmbedding(HEAD_DIM, rope_dim, theta=THETA, layout=layout)
-    qk = torch.randn(3, 3, HEADS, HEAD_DIM).to(dtype)[:, :2]  # as the packed projection gives it
+    qkv = torch.randn(3, 3, HEADS, HEAD_DIM).to(dtype)  # as the packed projection gives it
     with torch.no_grad():
-        rope.encode_step(qk, 5, 0.25)  # builds the tables
-        ops = operators(lambda: rope.encode_step(qk, 5, 0.25))
-    assert len(ops) <= (2 if dtype == torch.float32 and layout == "interleaved" else 3), ops
+        rope.encode_step(qkv, 5, 0.25)  # builds the tables
+        ops = operators(lambda: rope.encode_step(qkv, 5, 0.25))
+    assert sum(ops.values()) <= (2 if dtype == torch.float32 and layout == "interleaved" else 3), ops
 
 
 # --- Half precision: what fp64 math and the general path compute
@@ -155,13 +133,14 @@ def test_half_precision_step_rotation_matches_fp64_and_the_general_path(dtype, l
     the lean step and the general path (encode_qk, then q's scaling) are each
     within the rounding bound of fp64 math, so within twice it of each other."""
     rope = RotaryEmbedding(HEAD_DIM, rope_dim, theta=THETA, layout=layout)
-    qk = (4 * torch.randn(5, 3, HEADS, HEAD_DIM)).to(dtype)[:, :2]
+    qkv = (4 * torch.randn(5, 3, HEADS, HEAD_DIM)).to(dtype)
+    qk = qkv[:, :2]
     q_scale = HEAD_DIM**-0.5
     scale = torch.tensor([q_scale, 1.0], dtype=torch.float64)[:, None, None]  # q's row, k's row
     with torch.no_grad():
         for offset in (0, 1, 9, 1000, 20000, 3):
-            lean = rope.encode_step(qk, offset, q_scale)
-            general = PositionEncoding.encode_step(rope, qk, offset, q_scale)
+            lean = torch.stack(rope.encode_step(qkv, offset, q_scale)[:2], dim=1)
+            general = torch.stack(PositionEncoding.encode_step(rope, qkv, offset, q_scale)[:2], dim=1)
             expected, magnitude = reference_rotation(qk, torch.tensor(offset), rope.rope_dim, layout)
             bound = rounding_bound(scale * magnitude, dtype)
             assert lean.dtype == dtype and lean.shape == qk.shape

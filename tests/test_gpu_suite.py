@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -29,6 +30,8 @@ def test_bad_command_lines_are_refused_before_anything_runs(tmp_path):
         (["--step", "table"], "the table step needs --raw-dir DIR"),
         (["--frobnicate"], "unknown argument --frobnicate"),
         (["--dtypes", "fp16,fp8"], "unknown dtype fp8"),
+        (["--limit", "train=10"], "--limit takes STEP=SECONDS, got train=10"),
+        (["--limit", "test"], "--limit takes STEP=SECONDS, got test"),
     ):
         run = suite(*args, "--out", str(tmp_path / "out"), "--state", str(tmp_path / "state"))
         assert run.returncode == 2 and message in run.stderr, run.stderr
@@ -44,40 +47,87 @@ def test_out_defaults_to_the_device_tools_out(tmp_path):
     assert "benchmark: finished by an earlier run" in (tmp_path / "device-out" / "suite.log").read_text()
 
 
-def test_finished_steps_are_skipped_and_unfinished_ones_reported(tmp_path):
-    """A rerun on the same machine skips what finished; the exit status says what did not."""
+def test_finished_steps_are_skipped(tmp_path):
+    """A rerun on the same machine skips what finished; with nothing left, the exit status is 0."""
     state, out = tmp_path / "state", tmp_path / "out"
     (state / "done").mkdir(parents=True)
     for step in ("install", "test", "benchmark"):
         (state / "done" / step).touch()
-    run = suite("--step", "install", "--step", "test", "--step", "benchmark", "--out", str(out),
-                "--state", str(state))
+    run = suite("--out", str(out), "--state", str(state))  # the one command: these three steps
     assert run.returncode == 0, run.stderr
     log = (out / "suite.log").read_text()
     assert all(f"{step}: finished by an earlier run" in log for step in ("install", "test", "benchmark"))
     assert "all steps finished" in log
 
 
-def test_dtypes_choose_what_the_benchmark_and_profile_steps_measure(tmp_path):
-    """On a GPU (no --dry-run) each listed dtype is profiled once and benchmarked; a Python
-    stand-in records the commands the steps run, so CUDA is not needed to check them."""
+def stand_in_python(tmp_path, behaviour: str):
+    """A Python stand-in that records the command lines the steps run (calls.txt) and then runs
+    ``behaviour`` (bash, with the arguments in $*): CUDA is not needed to check the suite."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
 echo "$*" >> {calls}
-while [[ $# -gt 0 ]]; do [[ $1 == --out-dir ]] && mkdir -p "$2" && touch "$2/profile-base-x-$RANDOM.md"; shift; done
+{behaviour}
 """)
     fake.chmod(0o755)
+    return fake, calls
+
+
+def test_a_step_that_fails_or_times_out_is_reported_and_the_next_steps_still_run(tmp_path):
+    """The tests hang past their box, the benchmark fails: both are reported, the profile after
+    them still runs, and the exit status and the log's last line name what did not finish."""
+    fake, calls = stand_in_python(tmp_path, """case "$*" in
+    *"-m pytest"*) sleep 60 ;;
+    *benchmark.py*) exit 3 ;;
+    *profile_step.py*) mkdir -p "$OUT_DIR/benchmarks" && touch "$OUT_DIR/benchmarks/profile-base-x-$RANDOM.md" ;;
+esac""")
+    out, state = tmp_path / "out", tmp_path / "state"
     docs = set((REPO / "docs" / "benchmarks").iterdir())
-    run = suite("--step", "profile", "--step", "benchmark", "--dtypes", "bf16", "--out", str(tmp_path / "out"),
-                "--state", str(tmp_path / "state"), PYTHON=str(fake))
+    try:
+        run = suite("--step", "install", "--step", "test", "--step", "benchmark", "--step", "profile",
+                    "--dtypes", "fp32", "--limit", "install=1", "--limit", "test=2", "--out", str(out),
+                    "--state", str(state), PYTHON=str(fake))
+    finally:  # the profile step copies its report into docs/benchmarks: leave the checkout as it was
+        for path in set((REPO / "docs" / "benchmarks").iterdir()) - docs:
+            path.unlink()
+    log = (out / "suite.log").read_text()
+    assert run.returncode == 1, log
+    assert "install: done" in log
+    assert re.search(r"test: timed out after [34] s \(limit 3 s\); the next steps run all the same", log), log
+    assert re.search(r"benchmark: failed \(exit 3, after \d+ s\); the next steps run all the same", log), log
+    assert "profile: done" in log and "scripts/profile_step.py" in calls.read_text()
+    assert log.rstrip().endswith("unfinished: test benchmark (rerun to resume)")
+    assert sorted(p.name for p in (state / "done").iterdir()) == ["install", "profile"]
+
+
+def test_a_step_gets_what_the_steps_before_it_left_of_their_boxes(tmp_path):
+    fake, _ = stand_in_python(tmp_path, "")
+    out = tmp_path / "out"
+    run = suite("--step", "install", "--step", "test", "--limit", "install=50", "--limit", "test=7",
+                "--out", str(out), "--state", str(tmp_path / "state"), PYTHON=str(fake))
+    log = (out / "suite.log").read_text()
+    assert run.returncode == 0, log
+    limits = [int(x) for x in re.findall(r"test: started \(limit (\d+) s\)", log)]
+    assert limits and 50 <= limits[0] <= 57, log  # its 7 s and most of the install's 50
+
+
+def test_dtypes_choose_what_the_benchmark_and_profile_steps_measure(tmp_path):
+    """On a GPU (no --dry-run) each listed dtype is profiled once and benchmarked, the benchmark
+    within its step's box (--max-seconds: the box less 30 s to write its report)."""
+    fake, calls = stand_in_python(tmp_path, """while [[ $# -gt 0 ]]; do
+    [[ $1 == --out-dir ]] && mkdir -p "$2" && touch "$2/profile-base-x-$RANDOM.md"; shift
+done""")
+    docs = set((REPO / "docs" / "benchmarks").iterdir())
+    run = suite("--step", "profile", "--step", "benchmark", "--dtypes", "bf16", "--limit", "profile=100",
+                "--out", str(tmp_path / "out"), "--state", str(tmp_path / "state"), PYTHON=str(fake))
     try:
         assert run.returncode == 0, run.stderr
-        lines = calls.read_text().splitlines()
-        assert [line.split(" --out-dir")[0] for line in lines] == [
-            "scripts/profile_step.py --size base --device cuda --dtype bf16",
-            "scripts/benchmark.py --size base --device cuda --dtypes bf16",
-        ]
+        profile, benchmark = calls.read_text().splitlines()
+        assert profile.split(" --out-dir")[0] == "scripts/profile_step.py --size base --device cuda --dtype bf16"
+        assert benchmark.startswith("scripts/benchmark.py --size base --device cuda --dtypes bf16 "
+                                    "--rows sinusoidal,learned,rope")
+        seconds = int(re.search(r"--max-seconds (\d+)", benchmark).group(1))
+        assert 240 - 30 <= seconds <= 240 + 100 - 30  # its box, and what the profile left of its own
     finally:  # the steps copy their reports into docs/benchmarks: leave the checkout as it was
         for path in set((REPO / "docs" / "benchmarks").iterdir()) - docs:
             path.unlink()
@@ -110,20 +160,27 @@ def test_the_wheelhouse_ships_fairseq_and_its_nmt_stack_but_not_the_nodes_torch(
 
 
 @pytest.mark.slow
-def test_dry_run_runs_every_step_at_tiny_size_and_a_rerun_skips_them(tmp_path):
+def test_dry_run_runs_the_one_command_at_tiny_size_and_a_rerun_skips_it(tmp_path):
     out, state = tmp_path / "out", tmp_path / "state"
     run = suite("--dry-run", "--out", str(out), "--state", str(state))
     assert run.returncode == 0, (out / "suite.log").read_text() if (out / "suite.log").exists() else run.stderr
     tests = ElementTree.parse(out / "test.xml").getroot().find("testsuite")
     assert int(tests.get("tests")) > 0 and tests.get("failures") == tests.get("errors") == "0"
     assert list((out / "benchmarks").glob("*.md"))
+    again = suite("--dry-run", "--out", str(out), "--state", str(state))
+    assert again.returncode == 0
+    assert (out / "suite.log").read_text().count("finished by an earlier run") == 3
+
+
+@pytest.mark.slow
+def test_dry_run_of_the_profile_and_table_steps(tmp_path):
+    out = tmp_path / "out"
+    run = suite("--dry-run", "--step", "profile", "--step", "table", "--out", str(out), "--state", str(tmp_path / "s"))
+    assert run.returncode == 0, (out / "suite.log").read_text() if (out / "suite.log").exists() else run.stderr
     assert "## Training step" in (out / "benchmarks" / "profile-dry-run.md").read_text()
     assert (out / "results" / "demo.md").is_file()
     runs = {json.loads(p.read_text())["row"] for p in (out / "results" / "runs" / "demo").glob("*/seed1/run.json")}
     assert runs == {"sinusoidal", "rope", "rpe", "learned"}
-    again = suite("--dry-run", "--out", str(out), "--state", str(state))
-    assert again.returncode == 0
-    assert (out / "suite.log").read_text().count("finished by an earlier run") == 5
 
 
 @pytest.mark.slow

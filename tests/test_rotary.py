@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fairseq_rope import rotary
+from fairseq_rope import rotary_tables
 from fairseq_rope.rotary import (
     RotaryEmbedding,
     angle_dtype,
@@ -21,6 +21,7 @@ from fairseq_rope.rotary import (
     rotation_angles,
     validate_rope_options,
 )
+from tests.rope_reference import eq34
 
 
 def rope(x, offset=0, layout="interleaved", rope_dim=None, theta=10000.0):
@@ -135,7 +136,7 @@ def test_angles_at_position_20000_match_fp64_in_low_precision(dtype):
     torch.testing.assert_close(cos.double(), ref_angles.cos(), atol=5e-3, rtol=0)
     torch.testing.assert_close(sin.double(), ref_angles.sin(), atol=5e-3, rtol=0)
     y = rope(x, 20000)
-    ref = apply_rotary(x.double(), ref_angles.cos(), ref_angles.sin(), "interleaved")
+    ref, _, _ = eq34(x, range(20000, 20003), d, "interleaved")  # Eq. 34 written out in fp64
     torch.testing.assert_close(y.double(), ref, atol=0.05, rtol=0.02)
 
 
@@ -166,7 +167,7 @@ def test_half_precision_interleaved_rotation_is_rounded_once(dtype, offset):
 
 
 def test_cache_grows_on_demand_and_follows_dtype():
-    rotary.clear_cos_sin_cache()
+    rotary_tables.clear_cos_sin_cache()
     cos, _ = cos_sin(10, 8, 10000.0, torch.device("cpu"), torch.float32)
     assert cos.shape == (10, 4)
     cos, sin = cos_sin(5000, 8, 10000.0, torch.device("cpu"), torch.float32, offset=3000)
@@ -175,7 +176,7 @@ def test_cache_grows_on_demand_and_follows_dtype():
     torch.testing.assert_close(cos, expected.cos())
     half, _ = cos_sin(4, 8, 10000.0, torch.device("cpu"), torch.float16)
     assert half.dtype == torch.float16
-    assert len(rotary._TABLES) == 2
+    assert len(rotary_tables._TABLES) == 2
 
 
 def test_module_is_untouched_by_half_and_state_dict():
@@ -272,10 +273,9 @@ def test_fast_path_handles_awkward_strides(layout, case):
         x = torch.randn(1 + 4 * 6 * 8)[1:].view(4, 6, 8)
     else:
         x = torch.randn(4, 8, 6).transpose(-1, -2)
-    cos, sin = cos_sin(6, 8, 10000.0, x.device, x.dtype)
-    expected = reference_rotary(x, cos, sin, layout)
+    expected, _, _ = eq34(x, range(6), 8, layout)  # Eq. 34 written out in fp64
     for got in RotaryEmbedding(8, layout=layout).encode_qk(x, x, 0):
-        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 # --- The shared cos/sin cache: clearable, bounded (LRU), exact after eviction.
@@ -283,24 +283,24 @@ def test_fast_path_handles_awkward_strides(layout, case):
 
 def test_cos_sin_cache_can_be_cleared():
     cos_sin(10, 8, 10000.0, torch.device("cpu"), torch.float32)
-    assert len(rotary._TABLES) > 0
-    rotary.clear_cos_sin_cache()
-    assert len(rotary._TABLES) == 0
+    assert len(rotary_tables._TABLES) > 0
+    rotary_tables.clear_cos_sin_cache()
+    assert len(rotary_tables._TABLES) == 0
 
 
 def test_cos_sin_cache_keeps_at_most_its_bound_and_stays_exact_after_eviction():
-    rotary.clear_cos_sin_cache()
-    bound = rotary.COS_SIN_CACHE_SIZE
+    rotary_tables.clear_cos_sin_cache()
+    bound = rotary_tables.COS_SIN_CACHE_SIZE
     assert 1 <= bound <= 64
     first = cos_sin(6, 8, 10000.0, torch.device("cpu"), torch.float32, offset=2)
     # More distinct (rope_dim, theta, device, dtype) keys than the bound.
     keys = [(2 * (i + 1), 100.0 + i) for i in range(bound + 5)]
     for rope_dim, theta in keys:
         cos_sin(3, rope_dim, theta, torch.device("cpu"), torch.float64)
-        assert len(rotary._TABLES) <= bound
-    assert len(rotary._TABLES) == bound
+        assert len(rotary_tables._TABLES) <= bound
+    assert len(rotary_tables._TABLES) == bound
     # The first key was evicted (least recently used); rebuilt, it is the same table.
-    assert (8, 10000.0, torch.device("cpu"), torch.float32, None) not in rotary._TABLES
+    assert (8, 10000.0, torch.device("cpu"), torch.float32, None) not in rotary_tables._TABLES
     again = cos_sin(6, 8, 10000.0, torch.device("cpu"), torch.float32, offset=2)
     for got, before in zip(again, first):
         torch.testing.assert_close(got, before, atol=0, rtol=0)
@@ -309,19 +309,19 @@ def test_cos_sin_cache_keeps_at_most_its_bound_and_stays_exact_after_eviction():
         angles = rotation_angles(torch.arange(4, 7), inverse_frequencies(rope_dim, theta, dtype=torch.float64))
         torch.testing.assert_close(cos, angles.cos(), atol=0, rtol=0)
         torch.testing.assert_close(sin, angles.sin(), atol=0, rtol=0)
-        assert len(rotary._TABLES) <= bound
+        assert len(rotary_tables._TABLES) <= bound
 
 
 def test_cos_sin_cache_evicts_the_least_recently_used_table():
-    rotary.clear_cos_sin_cache()
-    bound = rotary.COS_SIN_CACHE_SIZE
+    rotary_tables.clear_cos_sin_cache()
+    bound = rotary_tables.COS_SIN_CACHE_SIZE
     cpu = torch.device("cpu")
     for i in range(bound):
         cos_sin(3, 2 * (i + 1), 10000.0, cpu, torch.float32)
     cos_sin(3, 2, 10000.0, cpu, torch.float32)  # the oldest, used again
     cos_sin(3, 2 * (bound + 1), 10000.0, cpu, torch.float32)  # evicts the second oldest
-    assert (2, 10000.0, cpu, torch.float32, None) in rotary._TABLES
-    assert (4, 10000.0, cpu, torch.float32, None) not in rotary._TABLES
+    assert (2, 10000.0, cpu, torch.float32, None) in rotary_tables._TABLES
+    assert (4, 10000.0, cpu, torch.float32, None) not in rotary_tables._TABLES
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
@@ -340,12 +340,12 @@ def test_table_first_built_under_inference_mode_serves_training(dtype, layout):
         torch.autograd.backward((rq, rk), tuple(upstream))
         return rq.detach(), rk.detach(), q_.grad, k_.grad
 
-    rotary.clear_cos_sin_cache()
+    rotary_tables.clear_cos_sin_cache()
     with torch.inference_mode():
         emb.encode_qk(q[..., :1, :], k[..., :1, :], 20)  # one decoding step
     got = train_step()
 
-    rotary.clear_cos_sin_cache()
+    rotary_tables.clear_cos_sin_cache()
     clean = train_step()  # as in a fresh process: the table built in training mode
     for a, b in zip(got, clean):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -353,7 +353,7 @@ def test_table_first_built_under_inference_mode_serves_training(dtype, layout):
 
 def test_angles_looked_up_under_inference_mode_never_reach_training():
     """Layers share the last lookup; one made under inference mode is not reused by training."""
-    rotary.clear_cos_sin_cache()
+    rotary_tables.clear_cos_sin_cache()
     rope = RotaryEmbedding(8)
     q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
     with torch.inference_mode():

@@ -7,6 +7,7 @@ import gc
 import shlex
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -37,13 +38,17 @@ class Preset:
     reps: int
     warmup: int
     min_sample_ms: float
+    model_sample_ms: float = 0.0  # model level: steps per sample, as many as last this long
 
 
 OP_LENGTHS = (32, 64, 128, 256, 512, 1024)
 PRESETS: Dict[str, Preset] = {
     # Transformer-base (512 / 8 heads), the WMT14 recipe's 4096 tokens per batch and 37k vocabulary.
+    # On a GPU a step is ~50 ms and the machine's phases move medians by a few %: samples of
+    # >= 250 ms (several steps) and 15 interleaved repetitions, so that the learned control can
+    # read 1.00 ± 0.01 (paired ratios, repetition by repetition).
     "base": Preset("base", models.VOCAB["base"], 8, 64, 4096, 4096, 32, OP_LENGTHS, (32, 64, 128, 256),
-                   (32, 64), reps=10, warmup=2, min_sample_ms=20.0),
+                   (32, 64), reps=15, warmup=3, min_sample_ms=20.0, model_sample_ms=250.0),
     # transformer_tiny: 64 dims / 2 heads.
     "tiny": Preset("tiny", models.VOCAB["tiny"], 2, 32, 2048, 2048, 16, OP_LENGTHS, (32, 64, 128, 256),
                    (16, 32, 64), reps=10, warmup=2, min_sample_ms=20.0),
@@ -68,6 +73,17 @@ def _dtypes(text: str) -> Tuple[str, ...]:
     return values
 
 
+ALL_ROWS = ("sinusoidal", "learned", "rpe", "rope")
+
+
+def _rows(text: str) -> Tuple[str, ...]:
+    values = {x.strip() for x in text.split(",") if x.strip()} | {STOCK, ROPE}
+    unknown = values - set(ALL_ROWS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"rows must be among {', '.join(ALL_ROWS)}, got {text!r}")
+    return tuple(r for r in ALL_ROWS if r in values)
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=(
         "Side-by-side speed and memory of RoPE vs fairseq's stock Transformer (and the "
@@ -90,11 +106,19 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--train-lengths", type=_lengths, help="comma-separated, training")
     p.add_argument("--decode-lengths", type=_lengths, help="comma-separated, decoding")
     p.add_argument("--op-tokens", type=int, help="batch × T at the op level")
-    p.add_argument("--train-tokens", type=int, help="target tokens per training batch")
+    p.add_argument("--train-tokens", "--max-tokens", type=int, dest="train_tokens",
+                   help="target tokens per training batch (fairseq's --max-tokens: 4096 per GPU in the "
+                   "WMT14 recipe, 16384 realistic on an H100)")
     p.add_argument("--decode-sentences", type=int, help="sentences per decoding batch")
     p.add_argument("--vocab", type=int, help="symbols of the synthetic joined dictionary")
     p.add_argument("--dropout", type=float, default=0.1, help="all rows (the archs' default 0.1)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rows", type=_rows, help=f"comma-separated among {','.join(ALL_ROWS)} (default: all; "
+                   f"{STOCK} and {ROPE} always)")
+    p.add_argument("--model-sample-ms", type=float, help="model level: each sample as many steps as last this long")
+    p.add_argument("--max-seconds", type=float,
+                   help="time box: measurements not started by then are skipped, and what was measured "
+                   "is written (the GPU suite's benchmark step)")
     p.add_argument("--skip-ops", action="store_true")
     p.add_argument("--skip-models", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
@@ -106,7 +130,7 @@ def resolve(args: argparse.Namespace) -> Preset:
     preset = PRESETS["smoke" if args.smoke else args.size]
     overrides = {field: getattr(args, field) for field in (
         "reps", "warmup", "op_lengths", "train_lengths", "decode_lengths", "op_tokens",
-        "train_tokens", "decode_sentences", "vocab") if getattr(args, field) is not None}
+        "train_tokens", "decode_sentences", "vocab", "model_sample_ms") if getattr(args, field) is not None}
     return replace(preset, **overrides)
 
 
@@ -138,15 +162,23 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/benchmark.py
     }
     print(f"# {name}: {results['machine']['cpu']}, {torch.get_num_threads()} threads, "
           f"device {device}, dtypes {', '.join(dtypes)}", flush=True)
+    clock = Deadline(args.max_seconds)
+    rows = args.rows or ALL_ROWS
+    results["settings"]["rows"] = list(rows)
     if not args.skip_ops:
         for dtype in dtypes:
+            if clock.passed(f"op level, {dtype}"):
+                break
             results["ops"][dtype] = run_ops(preset, device, dtype, args.seed)
     if not args.skip_models:
         with tempfile.TemporaryDirectory(prefix="fairseq-rope-bench-") as tmp:
             data_dir = models.write_dictionary(Path(tmp), preset.vocab)
             for dtype in dtypes:
+                if clock.passed(f"model level, {dtype}"):
+                    break
                 results["models"][dtype] = run_models(
-                    preset, data_dir, device, dtype, args.dropout, args.seed, not args.skip_decode)
+                    preset, data_dir, device, dtype, args.dropout, args.seed, not args.skip_decode, rows, clock)
+    results["skipped"] = clock.skipped
     paths = report.write_outputs(results, out_dir)
     print("\n# targets")
     for t in results["targets"]:
@@ -155,6 +187,21 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/benchmark.py
               f"  {t['status']}")
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+class Deadline:
+    """--max-seconds: whether a measurement may still start; what was skipped, for the report."""
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.end = None if seconds is None else time.monotonic() + seconds
+        self.skipped: List[str] = []
+
+    def passed(self, what: str) -> bool:
+        if self.end is None or time.monotonic() < self.end:
+            return False
+        self.skipped.append(what)
+        print(f"time box reached: {what} skipped", flush=True)
+        return True
 
 
 def run_ops(preset: Preset, device: torch.device, dtype: str, seed: int) -> List[Dict[str, Any]]:
@@ -185,8 +232,10 @@ def _ratios(rows: Dict[str, Dict[str, Any]], rate: str) -> Dict[str, Dict[str, A
 
 
 def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
-               dropout: float, seed: int, decode: bool) -> Dict[str, Any]:
-    rows = models.rows_for(preset.size)
+               dropout: float, seed: int, decode: bool, names: Sequence[str] = ALL_ROWS,
+               clock: Optional[Deadline] = None) -> Dict[str, Any]:
+    clock = clock or Deadline(None)
+    rows = [row for row in models.rows_for(preset.size) if row.name in names]
     trainers, tasks, info = {}, {}, {}
     for row in rows:
         argv = models.train_argv(data_dir, row, device, dtype, dropout, preset.train_tokens, seed)
@@ -196,10 +245,13 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
                           "fairseq_train_args": argv[1:]}  # without the temporary data dir
     out: Dict[str, Any] = {"rows": info, "train": [], "decode": []}
     print(f"\n## training, {dtype}: target tokens/s; peak MiB; ratios ÷ {STOCK}", flush=True)
+    sample_s = preset.model_sample_ms / 1e3 if device.type == "cuda" else 0.0
     for length in preset.train_lengths:
+        if clock.passed(f"training, {dtype}, T={length}"):
+            continue
         sentences = max(1, preset.train_tokens // length)
         batch = models.synthetic_batch(tasks[ROPE], length, sentences, seed + length)
-        measured = models.bench_training(trainers, batch, device, preset.reps, preset.warmup)
+        measured = models.bench_training(trainers, batch, device, preset.reps, preset.warmup, sample_s)
         entry = {"length": length, "sentences": sentences, "target_tokens": int(batch["ntokens"]),
                  "rows": measured, "ratios": _ratios(measured, "tokens_per_s")}
         out["train"].append(entry)
@@ -207,10 +259,12 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
     if decode:
         print(f"\n## beam-4 decoding, {dtype}: sentences/s; peak MiB; ratios ÷ {STOCK}", flush=True)
         for length in preset.decode_lengths:
+            if clock.passed(f"decoding, {dtype}, T={length}"):
+                continue
             batch = models.synthetic_batch(tasks[ROPE], length, preset.decode_sentences,
                                            seed + 7 * length)
             measured = models.bench_decoding(trainers, tasks, batch, length, device,
-                                             preset.reps, preset.warmup)
+                                             preset.reps, preset.warmup, min_sample_s=sample_s)
             entry = {"length": length, "sentences": preset.decode_sentences, "rows": measured,
                      "ratios": _ratios(measured, "sentences_per_s")}
             out["decode"].append(entry)
@@ -223,7 +277,8 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
 
 
 def _print_models(entry: Dict[str, Any], key: str) -> None:
-    cells = "  ".join(f"{n} {fmt_rate(r[key])}/s {r['peak_bytes'] / 2**20:.0f}MiB"
+    launches = "launches_per_step" if key == "tokens_per_s" else "launches"
+    cells = "  ".join(f"{n} {fmt_rate(r[key])}/s {r['peak_bytes'] / 2**20:.0f}MiB {r[launches]}L"
                       for n, r in entry["rows"].items())
     ratios = "  ".join(f"{n.replace('_over_stock', '')} {r[key]:.3f}/{r['peak_bytes']:.3f}"
                        for n, r in entry["ratios"].items())

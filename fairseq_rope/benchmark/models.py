@@ -25,12 +25,13 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from fairseq_rope.base import PLUGIN_DIR
+from fairseq_rope.benchmark.launches import kernel_launches
 from fairseq_rope.benchmark.memory import peak_during, tensor_bytes
 from fairseq_rope.benchmark.timing import Stats, interleaved
 
@@ -170,13 +171,15 @@ def parameter_count(trainer) -> int:
 
 def bench_training(
     trainers: Mapping[str, Any], batch: Dict[str, Any], device: torch.device,
-    reps: int, warmup: int,
+    reps: int, warmup: int, min_sample_s: float = 0.0,
 ) -> Dict[str, Dict[str, Any]]:
-    """Interleaved train steps of every row on the same batch; tokens/s and peak memory."""
+    """Interleaved train steps of every row on the same batch (each sample as many steps as last
+    ``min_sample_s``); tokens/s, peak memory and kernel launches per step."""
     steps = {name: (lambda t=trainer: t.train_step([batch])) for name, trainer in trainers.items()}
     with quiet():
-        stats: Dict[str, Stats] = interleaved(steps, reps, device, warmup=warmup)
+        stats: Dict[str, Stats] = interleaved(steps, reps, device, warmup=warmup, min_sample_s=min_sample_s)
         peaks = {name: peak_during(step, device) for name, step in steps.items()}
+        launches = {name: kernel_launches(step, device)[0] for name, step in steps.items()}
     tokens = int(batch["ntokens"])
     out: Dict[str, Dict[str, Any]] = {}
     for name, trainer in trainers.items():
@@ -184,7 +187,7 @@ def bench_training(
         out[name] = {
             **stats[name].as_dict(), "tokens_per_s": tokens / stats[name].median,
             "peak_bytes": persistent + peaks[name], "persistent_bytes": persistent,
-            "step_peak_bytes": peaks[name],
+            "step_peak_bytes": peaks[name], "launches_per_step": launches[name],
         }
     return out
 
@@ -216,12 +219,25 @@ def forced_length_generator(task, model, length: int, beam: int = 4, lenpen: flo
                                                           max_len_a=0, max_len_b=length))
 
 
+def beam_search_call(trainer, task, generator, sample: Dict[str, Any]) -> Callable[[], List]:
+    """One beam search of ``sample`` by the trainer's model in eval mode (train mode again after)."""
+    def decode() -> List:
+        trainer.model.eval()
+        try:
+            return task.inference_step(generator, [trainer.model], sample)
+        finally:
+            trainer.model.train()
+
+    return decode
+
+
 def bench_decoding(
     trainers: Mapping[str, Any], tasks: Mapping[str, Any], batch: Dict[str, Any],
     length: int, device: torch.device, reps: int, warmup: int, beam: int = 4,
-    lenpen: float = 0.6,
+    lenpen: float = 0.6, min_sample_s: float = 0.0,
 ) -> Dict[str, Dict[str, Any]]:
-    """Interleaved beam search of every row on the same sources, output length forced to ``length``."""
+    """Interleaved beam search of every row on the same sources, output length forced to ``length``;
+    sentences/s, peak memory and kernel launches per beam search."""
     sample = decode_sample(batch, device)
     calls = {}
     for name, trainer in trainers.items():
@@ -235,8 +251,9 @@ def bench_decoding(
         calls[name] = decode
     with quiet():
         lengths = {name: sorted({len(h[0]["tokens"]) for h in call()}) for name, call in calls.items()}
-        stats = interleaved(calls, reps, device, warmup=warmup)
+        stats = interleaved(calls, reps, device, warmup=warmup, min_sample_s=min_sample_s)
         peaks = {name: peak_during(call, device) for name, call in calls.items()}
+        launches = {name: kernel_launches(call, device)[0] for name, call in calls.items()}
     sentences = int(batch["nsentences"])
     out: Dict[str, Dict[str, Any]] = {}
     for name, trainer in trainers.items():
@@ -244,6 +261,6 @@ def bench_decoding(
         out[name] = {
             **stats[name].as_dict(), "sentences_per_s": sentences / stats[name].median,
             "output_lengths": lengths[name], "peak_bytes": weights + peaks[name],
-            "weight_bytes": weights, "call_peak_bytes": peaks[name],
+            "weight_bytes": weights, "call_peak_bytes": peaks[name], "launches": launches[name],
         }
     return out

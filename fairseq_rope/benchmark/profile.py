@@ -1,7 +1,6 @@
 """Operator profile of a training step and of a beam search, RoPE against stock.
 
-Where :mod:`~fairseq_rope.benchmark.phases` splits a decode by module, this
-splits a training step (forward, backward, Adam) and a decode by torch
+This splits a training step (forward, backward, Adam) and a decode by torch
 operator: ``torch.profiler``'s self CPU time and call count per operator, per
 step, for the stock ``sinusoidal`` row and ``rope``, built and fed as the
 benchmark builds and feeds them, in fp32, fp16 or bf16. On a GPU it also gives
@@ -93,15 +92,7 @@ def measure(
         generator = models.forced_length_generator(task, trainer.model, length)
         sample = models.decode_sample(models.synthetic_batch(task, length, DECODE_SENTENCES, seed), device)
         train[name] = lambda trainer=trainer, batch=batch: trainer.train_step([batch])
-
-        def decode_call(trainer=trainer, task=task, generator=generator, sample=sample):
-            trainer.model.eval()
-            try:
-                return task.inference_step(generator, [trainer.model], sample)
-            finally:
-                trainer.model.train()
-
-        decode[name] = decode_call
+        decode[name] = models.beam_search_call(trainer, task, generator, sample)
     with models.quiet():
         return {phase: profile_interleaved(calls, steps, device)
                 for phase, calls in (("train", train), ("decode", decode))}

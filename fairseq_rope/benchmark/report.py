@@ -168,6 +168,8 @@ def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
                    for t in results["targets"]]
     out += markdown_table(("dtype", "target", "goal", "median over lengths", "worst length", "by length",
                            f"control: {CONTROL} ÷ stock", "status", "against the control"), target_rows)
+    if results.get("skipped"):
+        out += ["", "Not measured within `--max-seconds`: " + "; ".join(results["skipped"]) + "."]
     out += _ops_section(results, plots) + _models_section(results, plots)
     return "\n".join(out) + "\n"
 
@@ -248,6 +250,14 @@ def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]
                         for e in entries]
             out += ["", f"### {dtype}: peak memory (MiB), {kind}", ""]
             out += markdown_table(["T", *names, *(f"{n} ÷ {STOCK}" for n in others)], mem_rows)
+            launches = "launches_per_step" if kind == "train" else "launches"
+            if all(launches in e["rows"][n] for e in entries for n in names):
+                launch_rows = [[str(e["length"]), *(str(e["rows"][n][launches]) for n in names),
+                                *(f"{e['rows'][n][launches] - e['rows'][STOCK][launches]:+d}" for n in others)]
+                               for e in entries]
+                what = "per training step" if kind == "train" else "per beam search"
+                out += ["", f"### {dtype}: kernel launches {what} (fairseq_rope/benchmark/launches.py)", ""]
+                out += markdown_table(["T", *names, *(f"{n} − {STOCK}" for n in others)], launch_rows)
     for key, title in (("train", "training tokens/s vs length"), ("decode", "decoding sentences/s vs length")):
         if key in plots:
             out += ["", f"![{title}]({plots[key]})"]

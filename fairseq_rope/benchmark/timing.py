@@ -76,13 +76,23 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_calls(fn: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Wall seconds per call of ``calls`` back-to-back calls of ``fn``."""
-    synchronize(device)
-    start = time.perf_counter()
+    """Seconds per call of ``calls`` back-to-back calls of ``fn``: wall time on the CPU; on CUDA
+    from an event recorded before the first call to one after the last kernel, the device's own
+    clock (a launch-bound step's gaps between kernels included), free of the host's timer and
+    of the synchronization's own latency."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    start_s = time.perf_counter()
     for _ in range(calls):
         fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start_s) / calls
 
 
 def calls_for(fn: Callable[[], object], min_sample_s: float, device: torch.device) -> int:

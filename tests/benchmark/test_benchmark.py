@@ -70,6 +70,7 @@ def test_smoke_models_structure(smoke: Path) -> None:
         assert list(e["rows"]) == ROWS
         for r in e["rows"].values():
             assert r["tokens_per_s"] > 0 and r["n"] == 2
+            assert r["launches_per_step"] > 100  # forward, backward and Adam: kernels counted
             assert r["peak_bytes"] == r["persistent_bytes"] + r["step_peak_bytes"]
             assert r["persistent_bytes"] > 0 and r["step_peak_bytes"] > 0
         assert set(e["ratios"]) == {"learned_over_stock", "rpe_over_stock", "rope_over_stock"}
@@ -83,7 +84,9 @@ def test_smoke_models_structure(smoke: Path) -> None:
     (decode,) = models["decode"]
     for r in decode["rows"].values():
         assert r["output_lengths"] == [decode["length"] + 1]  # forced length + EOS, every row
-        assert r["sentences_per_s"] > 0
+        assert r["sentences_per_s"] > 0 and r["launches"] > 0
+    # Launches are deterministic: the same batch shape, the same count at every length.
+    assert len({e["rows"]["rope"]["launches_per_step"] for e in models["train"]}) == 1
 
 
 def test_smoke_report_files(smoke: Path) -> None:
@@ -97,10 +100,27 @@ def test_smoke_report_files(smoke: Path) -> None:
     for section in ("## Machine", "## Targets", "## Op level", "## Model level", data["command"]):
         assert section in md
     assert all(t["target"] in md for t in targets)
+    assert "kernel launches per training step" in md and "kernel launches per beam search" in md
     assert set(data["plots"]) == {"ops", "train", "decode"}
     for png in data["plots"].values():
         assert f"]({png})" in md
         assert (smoke / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_time_box_skips_what_it_cannot_start_and_still_writes_the_report(tmp_path, capsys) -> None:
+    assert cli.main(["--smoke", "--out-dir", str(tmp_path), "--name", "boxed", "--max-seconds", "0"]) == 0
+    data = json.loads((tmp_path / "boxed.json").read_text())
+    assert data["skipped"] == ["op level, fp32", "model level, fp32"] and not data["models"]
+    assert "Not measured within `--max-seconds`: op level, fp32; model level, fp32." in (
+        tmp_path / "boxed.md").read_text()
+    assert data["targets"] == []  # nothing measured, nothing judged
+
+
+def test_rows_choose_the_model_rows_but_keep_stock_and_rope() -> None:
+    args = cli.build_parser("x").parse_args(["--rows", "learned"])
+    assert args.rows == ("sinusoidal", "learned", "rope")
+    with pytest.raises(SystemExit):
+        cli.build_parser("x").parse_args(["--rows", "alibi"])
 
 
 def test_smoke_requires_out_dir(capsys) -> None:

@@ -64,8 +64,3 @@ def device() -> torch.device:
     if index >= torch.cuda.device_count():
         pytest.fail(f"{DEVICE_VARIABLE}={spec}: torch sees {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)  # as tensors on it report it: cuda:N, never bare cuda
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """u = eps / 2: the largest relative error of rounding a real number to ``dtype``."""
-    return torch.finfo(dtype).eps / 2

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_rope import rotary
+from fairseq_rope import rotary_tables
 from fairseq_rope.rotary import RotaryEmbedding, cos_sin
-from tests.gpu.conftest import unit_roundoff
+from tests.rope_reference import unit_roundoff
 
 pytestmark = pytest.mark.gpu
 
@@ -21,9 +21,9 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @pytest.fixture
 def empty_cache():
-    rotary.clear_cos_sin_cache()
+    rotary_tables.clear_cos_sin_cache()
     yield
-    rotary.clear_cos_sin_cache()
+    rotary_tables.clear_cos_sin_cache()
 
 
 def reference(positions: range, dtype: torch.dtype):
@@ -45,9 +45,9 @@ def test_one_table_per_device_and_dtype_each_on_its_device_in_its_dtype(device, 
             expected_cos, expected_sin, bound = reference(range(300, 305), dtype)
             assert ((cos.cpu().double() - expected_cos).abs() <= bound).all()
             assert ((sin.cpu().double() - expected_sin).abs() <= bound).all()
-    assert set(rotary._TABLES) == {(ROPE_DIM, THETA, where, dtype, None) for where, dtype in wanted}
-    assert len({id(table) for table in rotary._TABLES.values()}) == len(rotary._TABLES)
-    for (_, _, where, dtype, _), table in rotary._TABLES.items():
+    assert set(rotary_tables._TABLES) == {(ROPE_DIM, THETA, where, dtype, None) for where, dtype in wanted}
+    assert len({id(table) for table in rotary_tables._TABLES.values()}) == len(rotary_tables._TABLES)
+    for (_, _, where, dtype, _), table in rotary_tables._TABLES.items():
         assert (table.cos.device, table.cos.dtype, table.sin.device, table.sin.dtype) == (where, dtype, where, dtype)
         # e^{imθ} in the angles' precision (fp32) whatever the dtype: the interleaved rotation's.
         assert table.cis.device == where and table.cis.dtype == torch.complex64
@@ -64,7 +64,7 @@ def test_alternating_devices_and_dtypes_get_their_own_tables_through_the_encodin
         q, k = encoding.encode_qk(x, x, offset=4)
         assert (q.device, q.dtype, k.device, k.dtype) == (where, dtype, where, dtype)
         with torch.inference_mode():  # a decoding step: the per-table step multipliers
-            step = encoding.encode_step(torch.ones(2, 2, 1, ROPE_DIM, dtype=dtype, device=where), 4, 0.5)
-        assert (step.device, step.dtype) == (where, dtype)
-    tables = {(key[2], key[3]) for key in rotary._TABLES}
+            step = encoding.encode_step(torch.ones(2, 3, 1, ROPE_DIM, dtype=dtype, device=where), 4, 0.5)
+        assert {(t.device, t.dtype) for t in step} == {(where, dtype)}
+    tables = {(key[2], key[3]) for key in rotary_tables._TABLES}
     assert tables == {(cpu, torch.float32), (device, torch.float16), (device, torch.bfloat16), (device, torch.float32)}
