@@ -73,11 +73,11 @@ def test_sentence_angles_are_their_own_when_another_thread_looks_up_between():
 
 def test_alibi_bias_is_its_own_when_another_thread_builds_one_between():
     q = torch.zeros(1, 4, 3, 8)
-    AlibiBias(8, num_heads=4).logit_bias(q, 0, 3)
-    HeadDim = interleaving(int)
-    HeadDim.other = staticmethod(lambda: AlibiBias(8, num_heads=4).logit_bias(torch.zeros(1, 4, 6, 8), 0, 6))
-    bias = AlibiBias(HeadDim(8), num_heads=4).logit_bias(q, 0, 3)
-    assert HeadDim.fired
+    AlibiBias(4).logit_bias(q, 0, 3)
+    SourceLength = interleaving(int)
+    SourceLength.other = staticmethod(lambda: AlibiBias(4).logit_bias(torch.zeros(1, 4, 6, 8), 0, 6))
+    bias = AlibiBias(4).logit_bias(q, 0, SourceLength(3))
+    assert SourceLength.fired
     assert bias.shape == (4, 3, 3)
 
 
