@@ -7,7 +7,7 @@
 
 import sys
 
-from fairseq_rope.benchmark.launches import main
+from fairseq_rope.benchmark.launch_counts import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,7 +39,8 @@ REPO_ROOT = PLUGIN_DIR.parent
 #: they need go into the wheelhouse (scripts/install_wheelhouse.sh checks the node has them).
 #: Nor CTranslate2 (the [test] extra's, for tests/deploy): the GPU suite does not use it, and
 #: its wheel (about 40 MB, CUDA kernels included) would overflow LIMIT_MIB.
-NOT_SHIPPED = frozenset({"torch", "torchaudio", "numpy", "scikit-learn", "ctranslate2"})
+#: scipy (the seed-level t-tests of collect) comes with the node's scikit-learn, which needs it.
+NOT_SHIPPED = frozenset({"torch", "torchaudio", "numpy", "scikit-learn", "scipy", "ctranslate2"})
 #: Shipped as sources, built on the node.
 SOURCES = frozenset({"fairseq-fixed", "antlr4-python3-runtime"})
 PROJECT = "fairseq-rope"

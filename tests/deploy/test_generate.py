@@ -43,8 +43,8 @@ def test_evaluate_with_ctranslate2_int8_writes_its_own_records(trained, deploy_d
                                                                tmp_path):
     """``--quantization int8``: its export, decoding and results under eval-ctranslate2-int8/, the
     int8 model's own hypotheses; the records of fairseq and of the float32 export are untouched."""
-    from fairseq_rope.deploy.decoding import Decoding
-    from fairseq_rope.deploy.model_dir import ModelDirectory
+    from fairseq_rope_serve.decoding import Decoding
+    from fairseq_rope_serve.model_dir import ModelDirectory
     from tests.deploy.test_decoding import ct2_beams
 
     save_dir = tmp_path / "run"

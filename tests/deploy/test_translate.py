@@ -7,6 +7,8 @@ import io
 import shutil
 import subprocess
 import sys
+from argparse import Namespace
+from typing import Dict
 
 import fairseq_rope_serve.translator as translator_module
 from fairseq_rope_serve.translate import main
@@ -39,18 +41,51 @@ def test_translate_command_end_to_end(exported, deploy_data, fairseq_translation
     assert translations.splitlines()[0].endswith((".", "!", "?")) and " ." not in translations
 
 
-def test_translate_as_documented_stdin_to_stdout_with_decoding_options(exported, deploy_data, fairseq_translations):
+#: CTranslate2 masks <pad> and EOS before its softmax, fairseq after (docs/deploy.md): that can
+#: flip fairseq's best two where they are all but tied (seen: 7e-6 apart, beam 2, a looping toy model).
+NEAR_TIE = 1e-3
+
+
+def fairseq_near_ties(fairseq_model, row: str, **settings) -> Dict[int, str]:
+    """id → fairseq's second-best translation where its score is within :data:`NEAR_TIE` of the
+    best's (BPE removed, detokenized as the command does), at ``settings``."""
+    from sacremoses import MosesDetokenizer
+
+    from .conftest import TABLE, one_thread
+
+    model, task, _ = fairseq_model(row)
+    generator = task.build_generator([model], Namespace(**{**TABLE, **settings, "nbest": 2}))
+    batches = task.get_batch_iterator(task.dataset("test"), max_tokens=120, required_batch_size_multiple=1)
+    detokenizer, ties = MosesDetokenizer(lang="de"), {}
+    with one_thread():
+        for sample in batches.next_epoch_itr(shuffle=False):
+            for sid, (best, second) in zip(sample["id"].tolist(), task.inference_step(generator, [model], sample)):
+                if abs(float(best["score"]) - float(second["score"])) < NEAR_TIE:
+                    text = task.target_dictionary.string(second["tokens"][:-1], "@@ ")
+                    ties[sid] = detokenizer.detokenize(text.split())
+    return ties
+
+
+def test_translate_as_documented_stdin_to_stdout_with_decoding_options(exported, deploy_data, fairseq_translations,
+                                                                        fairseq_model):
     """``fairseq-rope-translate MODEL_DIR --beam 2 --lenpen 1.0 --batch-size 5 < in > out``, the
     installed command in its own process: fairseq's translations at that beam and penalty (which
-    differ from the defaults' on some sentence), whatever the batch size."""
+    differ from the defaults' on some sentence; where fairseq's best two are near-tied, either),
+    the same whatever the batch size."""
     raw = (deploy_data / "raw" / "test.en").read_text(encoding="utf-8")
     expected = fairseq_translations("rope", beam=2, lenpen=1.0)
     assert expected != fairseq_translations("rope")  # the options matter on this test set
+    ties = fairseq_near_ties(fairseq_model, "rope", beam=2, lenpen=1.0)
+    assert len(ties) <= 2  # near-ties are rare: the comparison stays exact almost everywhere
+    outputs = []
     for batch_size in ("5", "64"):
         result = subprocess.run([console_script("fairseq-rope-translate"), str(exported("rope")), "--beam", "2",
                                  "--lenpen", "1.0", "--batch-size", batch_size, "--threads", "1"],
                                 input=raw.encode(), capture_output=True, check=True)
-        assert result.stdout.decode().splitlines() == expected, batch_size
+        outputs.append(result.stdout.decode().splitlines())
+        differ = [i for i, (got, want) in enumerate(zip(outputs[-1], expected)) if got != want]
+        assert len(outputs[-1]) == len(expected) and all(outputs[-1][i] == ties.get(i) for i in differ), batch_size
+    assert outputs[0] == outputs[1]
 
 
 def test_a_line_that_is_not_utf8_is_an_error_naming_it(exported, capsysbinary, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fairseq_rope import rotary
-from fairseq_rope.benchmark import launches
+from fairseq_rope.benchmark import launch_counts
 from fairseq_rope.rotary import RotaryEmbedding
 from tests.gpu.conftest import DTYPES
 from tests.rope_reference import THETA, random_input, unit_roundoff
@@ -68,9 +68,9 @@ def test_kernel_launches_per_step_are_stocks_plus_at_most_two_per_layer(device):
     """Counted on the device (every kernel the GPU ran) at tiny size in bf16: RoPE's training step at most
     stock's plus two launches per self-attention layer, its beam search at most stock's plus two
     per self-attention layer and decoding step."""
-    rows = launches.ROWS if device.type == "cuda" else launches.ROWS[:2]  # no interpreter in the dry run
-    counts = launches.count_model("tiny", device, "bf16", length=8, sentences=2, rows=rows)
-    stock = counts.pop(launches.ROWS[0][0])
+    rows = launch_counts.ROWS if device.type == "cuda" else launch_counts.ROWS[:2]  # no interpreter in the dry run
+    counts = launch_counts.count_model("tiny", device, "bf16", length=8, sentences=2, rows=rows)
+    stock = counts.pop(launch_counts.ROWS[0][0])
     for label, rope in counts.items():
         layers = rope["self_attention_layers"]
         assert rope["train_step"] <= stock["train_step"] + 2 * layers, (label, rope, stock)
