@@ -52,7 +52,11 @@ pip_install() {
 pip_install -r "$WHEELHOUSE/requirements.txt"  # by name: what the node has is kept as it is
 # --ignore-installed: pip would otherwise uninstall a fairseq or fairseq-rope the node's
 # environment already has before installing into the prefix (seen here).
-pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_fixed-*.tar.gz  # its C++ against the node's torch
+# Its C++ against the node's torch. Without CUDA_HOME: fairseq-fixed's setup.py adds its CUDA
+# extensions whenever CUDA_HOME is set, and its sdist lacks their sources (libnat_cuda's
+# binding.cpp), so the build fails on a node that sets it (an H200 node, 2026-11-27);
+# fairseq-rope uses none of them.
+(unset CUDA_HOME; pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_fixed-*.tar.gz)
 pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_rope_serve-*.whl  # the runtime, which fairseq-rope imports
 pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_rope-*.whl
 (cd /tmp && "$PY" -c "import fairseq_rope, fairseq, torch; print('fairseq-rope installed in $PREFIX: torch',

@@ -100,6 +100,58 @@ esac""")
     assert sorted(p.name for p in (state / "done").iterdir()) == ["install", "profile"]
 
 
+# A node that sets CUDA_HOME, as a stand-in for its Python: fairseq is not installed yet, and
+# fairseq-fixed's build fails there as it did on an H200 node (its setup.py adds CUDA extensions
+# whose sources its sdist lacks) unless the build runs without CUDA_HOME.
+NODE_WITH_CUDA_HOME = """case "$*" in
+    *sacremoses*) exit 1 ;;
+    "- "*) echo "$2/lib $2/lib" ;;
+    *fairseq_fixed*)
+        echo "fairseq build: CUDA_HOME=${CUDA_HOME-unset}" >> "$(dirname "$0")/builds.txt"
+        if [[ -n ${CUDA_HOME+set} ]]; then echo "ninja: error: libnat_cuda/binding.cpp missing" >&2; exit 1; fi ;;
+esac"""
+
+
+def stand_in_wheelhouse(tmp_path):
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    (folder / "requirements.txt").write_text("sacremoses\n")
+    for name in ("fairseq_fixed-0.12.3.1.tar.gz", "fairseq_rope_serve-0.1.0-py3-none-any.whl",
+                 "fairseq_rope-0.1.0-py3-none-any.whl"):
+        (folder / name).touch()
+    return folder
+
+
+def test_fairseq_is_built_without_cuda_home(tmp_path):
+    fake, calls = stand_in_python(tmp_path, NODE_WITH_CUDA_HOME)
+    run = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install_wheelhouse.sh"), "--wheelhouse", str(stand_in_wheelhouse(tmp_path)),
+         "--prefix", str(tmp_path / "prefix")],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHON": str(fake), "CUDA_HOME": "/usr/local/cuda"})
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "builds.txt").read_text() == "fairseq build: CUDA_HOME=unset\n"
+    assert "fairseq_rope-0.1.0" in calls.read_text()  # the plugin is installed after it
+    assert run.stdout.strip().splitlines()[-1].startswith("export PYTHONPATH=")
+
+
+def test_a_failed_install_is_logged_and_skips_the_steps_that_need_it(tmp_path):
+    """The install's own error comes back in OUT/install.log and the command's output; the test and
+    benchmark steps, which could only fail to import fairseq, are skipped."""
+    fake, calls = stand_in_python(tmp_path, NODE_WITH_CUDA_HOME.replace("-n ${CUDA_HOME+set}", "1 == 1"))
+    out = tmp_path / "out"
+    run = suite("--out", str(out), "--state", str(tmp_path / "state"), "--wheelhouse", str(stand_in_wheelhouse(tmp_path)),
+                PYTHON=str(fake))
+    log = (out / "suite.log").read_text()
+    assert run.returncode == 1, log
+    assert re.search(r"install: failed \(exit 1, after \d+ s\); the next steps are skipped", log), log
+    assert "ninja: error: libnat_cuda/binding.cpp missing" in (out / "install.log").read_text()
+    assert "ninja: error" in run.stderr
+    for step in ("test", "benchmark"):
+        assert f"{step}: skipped: the install did not finish" in log, log
+    assert "-m pytest" not in calls.read_text() and "benchmark.py" not in calls.read_text()
+    assert log.rstrip().endswith("unfinished: install test benchmark (rerun to resume)")
+
+
 def test_a_step_gets_what_the_steps_before_it_left_of_their_boxes(tmp_path):
     fake, _ = stand_in_python(tmp_path, "")
     out = tmp_path / "out"
@@ -200,7 +252,8 @@ def test_the_wheelhouse_installs_into_a_prefix_beside_the_nodes_torch(tmp_path):
     run = subprocess.run(
         ["bash", str(REPO / "scripts" / "install_wheelhouse.sh"), "--wheelhouse", str(tmp_path / "wheelhouse"),
          "--prefix", str(tmp_path / "prefix")],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHON": python})
+        cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "PYTHON": python, "CUDA_HOME": "/usr/local/cuda"})  # as CUDA nodes set it
     assert run.returncode == 0, run.stderr[-3000:]
     exports = run.stdout.strip().splitlines()[-1]
     assert exports.startswith("export PYTHONPATH=")
