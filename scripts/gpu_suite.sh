@@ -14,9 +14,10 @@
 #              node's torch (scripts/install_wheelhouse.sh); skipped where it already imports.
 #              Every step then runs the checkout's own fairseq_rope: the wheelhouse
 #              brings what it needs, a copy made before the last edit is never measured
-#              -> OUT/install.log (box: 220 s; 157 s measured on an H100 node, 193 s on an
-#              H200 node, whose build runs on one core); if it does not finish, the steps
-#              after it are skipped (they would only fail to import fairseq)
+#              -> OUT/install.log (box: 220 s; 157 s measured on an H100 node and 193 s on
+#              an H200 node when fairseq's extensions compiled one after another, which
+#              they no longer do); if it does not finish, the steps after it are skipped
+#              (they would only fail to import fairseq)
 #   test       pytest -m gpu (tests/gpu): exactness on CUDA in fp32, fp16 and bf16, the fused
 #              rotation against the PyTorch path, kernel launches per step
 #              -> OUT/test.log, OUT/test.xml (box: 110 s)

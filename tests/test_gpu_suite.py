@@ -107,7 +107,9 @@ NODE_WITH_CUDA_HOME = """case "$*" in
     *sacremoses*) exit 1 ;;
     "- "*) echo "$2/lib $2/lib" ;;
     *fairseq_fixed*)
-        echo "fairseq build: CUDA_HOME=${CUDA_HOME-unset}" >> "$(dirname "$0")/builds.txt"
+        { echo "fairseq build: CUDA_HOME=${CUDA_HOME-unset}"
+          if ninja --version >/dev/null 2>&1; then echo "ninja: works"; else echo "ninja: fails"; fi
+          cat "${DIST_EXTRA_CONFIG:-/dev/null}"; } >> "$(dirname "$0")/builds.txt"
         if [[ -n ${CUDA_HOME+set} ]]; then echo "ninja: error: libnat_cuda/binding.cpp missing" >&2; exit 1; fi ;;
 esac"""
 
@@ -122,14 +124,24 @@ def stand_in_wheelhouse(tmp_path):
     return folder
 
 
-def test_fairseq_is_built_without_cuda_home(tmp_path):
+def test_fairseq_is_built_without_cuda_home_its_extensions_side_by_side(tmp_path):
+    """On a node that sets CUDA_HOME and has ninja: the build sees no CUDA_HOME, build_ext's
+    parallel option, and a ninja that fails (torch's ninja backend cannot build extensions at once)."""
     fake, calls = stand_in_python(tmp_path, NODE_WITH_CUDA_HOME)
+    tools = tmp_path / "node-bin"
+    tools.mkdir()
+    (tools / "ninja").write_text("#!/bin/sh\necho 1.11.1\n")
+    (tools / "ninja").chmod(0o755)
     run = subprocess.run(
         ["bash", str(REPO / "scripts" / "install_wheelhouse.sh"), "--wheelhouse", str(stand_in_wheelhouse(tmp_path)),
          "--prefix", str(tmp_path / "prefix")],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHON": str(fake), "CUDA_HOME": "/usr/local/cuda"})
+        cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "PYTHON": str(fake), "CUDA_HOME": "/usr/local/cuda",
+             "PATH": f"{tools}:{os.environ['PATH']}"})
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "builds.txt").read_text() == "fairseq build: CUDA_HOME=unset\n"
+    build = (tmp_path / "builds.txt").read_text().splitlines()
+    assert build[:3] == ["fairseq build: CUDA_HOME=unset", "ninja: fails", "[build_ext]"], build
+    assert re.fullmatch(r"parallel = [1-9]\d*", build[3]), build
     assert "fairseq_rope-0.1.0" in calls.read_text()  # the plugin is installed after it
     assert run.stdout.strip().splitlines()[-1].startswith("export PYTHONPATH=")
 
