@@ -119,20 +119,22 @@ class PositionalMultiheadAttention(MultiheadAttention):
         """q, k, v as (B, H, T, D), q and k encoded: one matmul with the packed weights if given
         (with gradients through :class:`_PackedLinear`), else three."""
         encoding = self._modules["position_encoding"]
-        if packed is not None and torch.is_grad_enabled():
-            projections = (self.q_proj, self.k_proj, self.v_proj)
-            if torch.is_autocast_enabled() or any(p._forward_pre_hooks or p._forward_hooks for p in projections):
-                packed = None  # autocast casts inside the matmul; hooks want their module calls
-            else:
-                qkv = _PackedLinear.apply(query, *packed, *(p.weight for p in projections),
-                                          *(p.bias for p in projections if p.bias is not None))
-        elif packed is not None:
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        grad = torch.is_grad_enabled()
+        if packed is not None and grad and (
+            torch.is_autocast_enabled() or any(p._forward_pre_hooks or p._forward_hooks for p in projections)
+        ):
+            packed = None  # autocast casts inside the matmul; hooks want their module calls
+        if packed is None:
+            q, k, v = (self._split_heads(_project(p, query), bsz) for p in projections)
+            q, k = encoding.encode_qk(q, k, offset)
+            return q, k, v
+        if grad:
+            qkv = _PackedLinear.apply(query, *packed, *(p.weight for p in projections),
+                                      *(p.bias for p in projections if p.bias is not None))
+        else:
             qkv = F.linear(query, *packed)  # (T, B, 3C)
-        if packed is not None:
-            return encoding.encode_qkv(qkv.view(-1, bsz, 3, self.num_heads, self.head_dim), offset)
-        q, k, v = (self._split_heads(_project(p, query), bsz) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = encoding.encode_qk(q, k, offset)
-        return q, k, v
+        return encoding.encode_qkv(qkv.view(-1, bsz, 3, self.num_heads, self.head_dim), offset)
 
     def forward(
         self,
