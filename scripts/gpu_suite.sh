@@ -29,6 +29,10 @@
 #              minutes each on an H100 node): each operator's CPU time, calls and CUDA time
 #              per training step and beam search, RoPE against stock
 #              -> OUT/benchmarks/profile-base-<gpu>-DTYPE.md (and docs/benchmarks/)
+#   kernels    the fused rotation's host cost per call against its GPU time, and the kernel's
+#              time by layout, tile and table strides (scripts/triton_launch_cost.py,
+#              scripts/triton_kernel_sweep.py; about a minute on an H200 node)
+#              -> OUT/benchmarks/triton-launch.md, OUT/benchmarks/triton-sweep.md (box: 150 s)
 #   table      the multi30k-converged table: every row x SEEDS seeds (default 5), PARALLEL
 #              runs at once on the GPU (default 4); needs --raw-dir, the six Multi30k release
 #              files -> OUT/results/ (the table, plots, and every run's record under runs/)
@@ -46,11 +50,11 @@
 set -euo pipefail
 SELF=$(realpath "${BASH_SOURCE[0]}")
 cd "$(dirname "$SELF")/.."
-ALL_STEPS=(install test benchmark profile table)
+ALL_STEPS=(install test benchmark profile kernels table)
 DEFAULT_STEPS=(install test benchmark)  # the one command: 220 + 110 + 210 = 540 s
 ALL_DTYPES=(fp32 fp16 bf16)
 # Seconds each step may take: the default steps within 9 minutes, the others a 10-minute job each.
-declare -A LIMIT=([install]=220 [test]=110 [benchmark]=210 [profile]=540 [table]=570)
+declare -A LIMIT=([install]=220 [test]=110 [benchmark]=210 [profile]=540 [kernels]=150 [table]=570)
 
 log() { echo "[gpu_suite $(date -u +%H:%M:%S)] $*" | tee -a "$OUT_DIR/suite.log" >&2; }
 
@@ -99,6 +103,14 @@ step_profile() {
         "$PY" scripts/profile_step.py --size base --device cuda --dtype "$dtype" --out-dir "$OUT_DIR/benchmarks"
     done
     cp "$OUT_DIR"/benchmarks/profile-base-*.md docs/benchmarks/
+}
+
+step_kernels() {
+    mkdir -p "$OUT_DIR/benchmarks"
+    local dry=()
+    [[ $DRY_RUN == 1 ]] && dry=(--dry-run)
+    "$PY" scripts/triton_launch_cost.py ${dry[@]+"${dry[@]}"} --out "$OUT_DIR/benchmarks/triton-launch.md"
+    "$PY" scripts/triton_kernel_sweep.py ${dry[@]+"${dry[@]}"} | tee "$OUT_DIR/benchmarks/triton-sweep.md"
 }
 
 run_one() {  # ROW SEED: one cell of the table, its output in OUT/run-ROW-seedSEED.log

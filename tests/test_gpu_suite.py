@@ -26,7 +26,7 @@ def suite(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_bad_command_lines_are_refused_before_anything_runs(tmp_path):
     for args, message in (
-        (["--step", "train"], "unknown step train (steps: install test benchmark profile table)"),
+        (["--step", "train"], "unknown step train (steps: install test benchmark profile kernels table)"),
         (["--step", "table"], "the table step needs --raw-dir DIR"),
         (["--frobnicate"], "unknown argument --frobnicate"),
         (["--dtypes", "fp16,fp8"], "unknown dtype fp8"),
@@ -234,6 +234,21 @@ def test_dry_run_runs_the_one_command_at_tiny_size_and_a_rerun_skips_it(tmp_path
     again = suite("--dry-run", "--out", str(out), "--state", str(state))
     assert again.returncode == 0
     assert (out / "suite.log").read_text().count("finished by an earlier run") == 3
+
+
+def test_the_kernels_step_runs_both_diagnostics_into_out(tmp_path):
+    """On a GPU (no --dry-run): the launch-cost script writes its report, the sweep's output is kept."""
+    fake, calls = stand_in_python(tmp_path, """case "$*" in
+    *triton_launch_cost.py*) touch "${@: -1}" ;;
+    *triton_kernel_sweep.py*) echo "| rotary interleaved | 6.0 |" ;;
+esac""")
+    out = tmp_path / "out"
+    run = suite("--step", "kernels", "--out", str(out), "--state", str(tmp_path / "s"), PYTHON=str(fake))
+    assert run.returncode == 0, (out / "suite.log").read_text()
+    assert calls.read_text().splitlines()[-2:] == [
+        f"scripts/triton_launch_cost.py --out {out}/benchmarks/triton-launch.md", "scripts/triton_kernel_sweep.py"]
+    assert (out / "benchmarks" / "triton-launch.md").is_file()
+    assert (out / "benchmarks" / "triton-sweep.md").read_text() == "| rotary interleaved | 6.0 |\n"
 
 
 @pytest.mark.slow
