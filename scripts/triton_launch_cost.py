@@ -10,9 +10,8 @@ stock. This script separates, per call:
 * ``kernel µs``: the GPU time of the kernels it launched (torch.profiler's device time ÷ N).
 
 Candidates: ``copy_`` of q and k (the bound); the rotation kernel launched through Triton's JIT
-(what ``rotary_triton.rotate`` does), through the same kernel compiled without specialization
-(``do_not_specialize``), and through its compiled kernel directly (``CompiledKernel[grid]``,
-no binder); an empty Triton kernel with 1 and with 40 arguments (Triton's launch cost alone);
+(what ``rotary_triton.rotate`` does) and through the same kernel compiled without specialization
+(``do_not_specialize``); an empty Triton kernel with 1 and with 40 arguments (Triton's launch cost alone);
 the plugin's ``encode_qk`` and a decoding step's ``encode_step``, fused and PyTorch.
 
 ``--host-only`` measures, on the CPU, the plugin's own host cost of a fused call: the kernel's
@@ -68,7 +67,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     rotary, rt = load_rotary(args.dry_run)
     import torch
     import triton
-    import triton.language as tl
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     calls = 3 if args.dry_run else args.calls
@@ -176,20 +174,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             cases["copy_ of q and k"] = (lambda: (out_q.copy_(q), out_k.copy_(k)), None)
             cases["rotary kernel, Triton JIT launch"] = (lambda: rt._rotary_kernel[grid](*runtime, **const), check)
             cases["rotary kernel, unspecialized JIT"] = (lambda: generic[grid](*runtime, **const), check)
-            if on_gpu:
-                try:
-                    compiled = rt._rotary_kernel[grid](*runtime, **const)
-                    ordered = [*runtime, *const.values()]
-                    runner = compiled[grid]
-                    try:
-                        runner(*ordered)
-                        direct_args = ordered
-                    except Exception:  # a Triton whose launcher takes the runtime arguments only
-                        runner(*runtime)
-                        direct_args = runtime
-                    cases["rotary kernel, CompiledKernel[grid] direct"] = (lambda: runner(*direct_args), check)
-                except Exception as error:  # noqa: BLE001 (a diagnostic: say what failed, go on)
-                    emit(f"| {dtype_name} | {shape} | direct launch | failed: {type(error).__name__}: {error} | | |")
             cases["empty Triton kernel, 1 argument"] = (lambda: _empty1[(1,)](q), None)
             cases["empty Triton kernel, 40 arguments"] = (lambda: _empty40[(1,)](q, *range(1, 40)), None)
             cases["encode_qk, fused"] = (lambda: rope.encode_qk(q, k, 0), None)
