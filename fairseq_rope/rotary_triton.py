@@ -153,7 +153,7 @@ def rotate(
     grid = (batch * heads, -(-length // block_t))  # not triton.cdiv: a JIT function, slow to call from Python
     _rotary_kernel[grid](
         q, k, v_args[0], out_q, out_k, v_args[1], cos, sin,
-        *strides[0][:3], *strides[1][:3], *strides[2][:3], *strides[3][:3], *strides[4][:3], *strides[5][:3],
+        *(s for stride in strides for s in stride[:3]),
         *((0, *table_strides) if cos.dim() == 2 else table_strides),
         heads, length, start, float(q_scale), -1.0 if inverse else 1.0,
         HEAD_DIM=head_dim, HALF=half, INTERLEAVED=interleaved, HAS_V=v is not None,

@@ -149,21 +149,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             cos, sin = table.cos_angle, table.sin_angle
             shape = f"{batch}×{heads}×{length}×{head_dim}"
 
-            def launch_args(v=q, out_v=out_q):
-                block_t, block_half, block_tail, block_d = rt.block_sizes(length, head_dim // 2, head_dim)
-                grid = (batch * heads, triton.cdiv(length, block_t))
-                runtime = [q, k, v, out_q, out_k, out_v, cos, sin,
-                           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                           *out_q.stride()[:3], *out_k.stride()[:3], *out_v.stride()[:3],
-                           0, *cos.stride(), heads, length, 0, 1.0, 1.0]
-                const = dict(HEAD_DIM=head_dim, HALF=head_dim // 2, INTERLEAVED=True, HAS_V=False,
-                             HAS_TAIL=False, BLOCK_T=block_t, BLOCK_HALF=block_half, BLOCK_TAIL=block_tail,
-                             BLOCK_D=block_d)
-                return grid, runtime, const
+            # The kernel's arguments as rotary_triton.rotate passes them (no v: q stands in, unused).
+            block_t, block_half, block_tail, block_d = rt.block_sizes(length, head_dim // 2, head_dim)
+            grid = (batch * heads, triton.cdiv(length, block_t))
+            runtime = [q, k, q, out_q, out_k, out_q, cos, sin,
+                       *q.stride()[:3], *k.stride()[:3], *q.stride()[:3],
+                       *out_q.stride()[:3], *out_k.stride()[:3], *out_q.stride()[:3],
+                       0, *cos.stride(), heads, length, 0, 1.0, 1.0]
+            const = dict(HEAD_DIM=head_dim, HALF=head_dim // 2, INTERLEAVED=True, HAS_V=False,
+                         HAS_TAIL=False, BLOCK_T=block_t, BLOCK_HALF=block_half, BLOCK_TAIL=block_tail,
+                         BLOCK_D=block_d)
 
-            grid, runtime, const = launch_args()
-
-            def check(name: str) -> str:
+            def check() -> str:
                 sync()
                 want_q, _ = rotary.RotaryEmbedding(head_dim).encode_qk(q.double(), k.double(), 0)
                 err = (out_q.double() - want_q).abs().max().item()
@@ -189,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     try:
                         host = host_us(fn)
                         kern = kernel_us(fn)
-                        note = verify(name) if verify is not None else ""
+                        note = verify() if verify is not None else ""
                     except Exception as error:  # noqa: BLE001
                         emit(f"| {dtype_name} | {shape} | {name} | failed: {type(error).__name__}: {error} | | |")
                         continue
