@@ -21,8 +21,9 @@
 #   test       pytest -m gpu (tests/gpu): exactness on CUDA in fp32, fp16 and bf16, the fused
 #              rotation against the PyTorch path, kernel launches per step
 #              -> OUT/test.log, OUT/test.xml (box: 110 s)
-#   benchmark  scripts/benchmark.py at base size in DTYPES, stock, learned (the control) and
-#              rope, with its own time box (--max-seconds) inside the step's
+#   benchmark  scripts/benchmark.py at base size in DTYPES, stock, learned (the control), rope
+#              and rope_pytorch (rope with FAIRSEQ_ROPE_TRITON=0: which rotation a step
+#              should take), with its own time box (--max-seconds) inside the step's
 #              -> OUT/benchmarks/ (and docs/benchmarks/<gpu>.md) (box: 210 s)
 # and, only when named with --step (each fits a 10-minute job of its own):
 #   profile    scripts/profile_step.py at base size, once per dtype of DTYPES (about 3
@@ -81,12 +82,14 @@ step_test() {
 step_benchmark() {
     # Its own time box, inside the step's, so that what it measured is written.
     local seconds=$((STEP_LIMIT > 60 ? STEP_LIMIT - 30 : STEP_LIMIT / 2))
+    # The control (learned), and RoPE both ways: the fused kernel and the PyTorch path.
+    local rows=sinusoidal,learned,rope,rope_pytorch
     if [[ $DRY_RUN == 1 ]]; then
-        "$PY" scripts/benchmark.py --smoke --device cpu --dtypes fp32 --out-dir "$OUT_DIR/benchmarks" \
-            --max-seconds "$seconds"
+        "$PY" scripts/benchmark.py --smoke --device cpu --dtypes fp32 --rows "$rows" \
+            --out-dir "$OUT_DIR/benchmarks" --max-seconds "$seconds"
     else
-        "$PY" scripts/benchmark.py --size base --device cuda --dtypes "$DTYPES" --rows sinusoidal,learned,rope \
-            --train-lengths 64,128,256 --decode-lengths 32 --op-lengths 256,1024 --max-tokens 4096 \
+        "$PY" scripts/benchmark.py --size base --device cuda --dtypes "$DTYPES" --rows "$rows" \
+            --train-lengths 64,256 --decode-lengths 32 --op-lengths 256,1024 --max-tokens 4096 \
             --max-seconds "$seconds" --out-dir "$OUT_DIR/benchmarks"
         cp "$OUT_DIR"/benchmarks/*.md docs/benchmarks/
     fi

@@ -189,7 +189,7 @@ done""")
         profile, benchmark = calls.read_text().splitlines()
         assert profile.split(" --out-dir")[0] == "scripts/profile_step.py --size base --device cuda --dtype bf16"
         assert benchmark.startswith("scripts/benchmark.py --size base --device cuda --dtypes bf16 "
-                                    "--rows sinusoidal,learned,rope")
+                                    "--rows sinusoidal,learned,rope,rope_pytorch ")
         seconds = int(re.search(r"--max-seconds (\d+)", benchmark).group(1))
         assert 240 - 30 <= seconds <= 240 + 100 - 30  # its box, and what the profile left of its own
     finally:  # the steps copy their reports into docs/benchmarks: leave the checkout as it was
@@ -209,7 +209,9 @@ def test_steps_run_the_checkouts_code_not_a_stale_wheelhouse_copy(tmp_path):
     run = suite("--dry-run", "--step", "benchmark", "--out", str(tmp_path / "out"), "--state", str(state))
     log = (tmp_path / "out" / "suite.log").read_text()
     assert run.returncode == 0 and "benchmark: done" in log, run.stderr[-2000:]
-    assert list((tmp_path / "out" / "benchmarks").glob("*.md"))
+    (report,) = (tmp_path / "out" / "benchmarks").glob("*.md")
+    # RoPE both ways, the fused rotation switched off for the second row's calls.
+    assert "| rope_pytorch | `transformer_rope_tiny` with `FAIRSEQ_ROPE_TRITON=0` |" in report.read_text()
 
 
 def test_the_wheelhouse_ships_fairseq_and_its_nmt_stack_but_not_the_nodes_torch():

@@ -73,7 +73,9 @@ def _dtypes(text: str) -> Tuple[str, ...]:
     return values
 
 
-ALL_ROWS = ("sinusoidal", "learned", "rpe", "rope")
+ALL_ROWS = ("sinusoidal", "learned", "rpe", "rope", "rope_pytorch")
+#: Without --rows: rope_pytorch only when asked for (it differs from rope only on a GPU).
+DEFAULT_ROWS = ALL_ROWS[:4]
 
 
 def _rows(text: str) -> Tuple[str, ...]:
@@ -113,8 +115,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, help="symbols of the synthetic joined dictionary")
     p.add_argument("--dropout", type=float, default=0.1, help="all rows (the archs' default 0.1)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--rows", type=_rows, help=f"comma-separated among {','.join(ALL_ROWS)} (default: all; "
-                   f"{STOCK} and {ROPE} always)")
+    p.add_argument("--rows", type=_rows, help=f"comma-separated among {','.join(ALL_ROWS)} (default: "
+                   f"{','.join(DEFAULT_ROWS)}; {STOCK} and {ROPE} always; rope_pytorch: {ROPE} "
+                   "with FAIRSEQ_ROPE_TRITON=0)")
     p.add_argument("--model-sample-ms", type=float, help="model level: each sample as many steps as last this long")
     p.add_argument("--max-seconds", type=float,
                    help="time box: measurements not started by then are skipped, and what was measured "
@@ -163,7 +166,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "scripts/benchmark.py
     print(f"# {name}: {results['machine']['cpu']}, {torch.get_num_threads()} threads, "
           f"device {device}, dtypes {', '.join(dtypes)}", flush=True)
     clock = Deadline(args.max_seconds)
-    rows = args.rows or ALL_ROWS
+    rows = args.rows or DEFAULT_ROWS
     results["settings"]["rows"] = list(rows)
     if not args.skip_ops:
         for dtype in dtypes:
@@ -232,15 +235,16 @@ def _ratios(rows: Dict[str, Dict[str, Any]], rate: str) -> Dict[str, Dict[str, A
 
 
 def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
-               dropout: float, seed: int, decode: bool, names: Sequence[str] = ALL_ROWS,
+               dropout: float, seed: int, decode: bool, names: Sequence[str] = DEFAULT_ROWS,
                clock: Optional[Deadline] = None) -> Dict[str, Any]:
     clock = clock or Deadline(None)
     rows = [row for row in models.rows_for(preset.size) if row.name in names]
     trainers, tasks, info = {}, {}, {}
+    rotations = {row.name: row.rotation for row in rows}
     for row in rows:
         argv = models.train_argv(data_dir, row, device, dtype, dropout, preset.train_tokens, seed)
         trainers[row.name], tasks[row.name] = models.build_trainer(argv, seed)
-        info[row.name] = {"arch": row.arch, "flags": list(row.flags),
+        info[row.name] = {"arch": row.arch, "flags": list(row.flags), "rotation": row.rotation,
                           "params": models.parameter_count(trainers[row.name]),
                           "fairseq_train_args": argv[1:]}  # without the temporary data dir
     out: Dict[str, Any] = {"rows": info, "train": [], "decode": []}
@@ -251,7 +255,8 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
             continue
         sentences = max(1, preset.train_tokens // length)
         batch = models.synthetic_batch(tasks[ROPE], length, sentences, seed + length)
-        measured = models.bench_training(trainers, batch, device, preset.reps, preset.warmup, sample_s)
+        measured = models.bench_training(trainers, batch, device, preset.reps, preset.warmup, sample_s,
+                                         rotations)
         entry = {"length": length, "sentences": sentences, "target_tokens": int(batch["ntokens"]),
                  "rows": measured, "ratios": _ratios(measured, "tokens_per_s")}
         out["train"].append(entry)
@@ -264,7 +269,8 @@ def run_models(preset: Preset, data_dir: Path, device: torch.device, dtype: str,
             batch = models.synthetic_batch(tasks[ROPE], length, preset.decode_sentences,
                                            seed + 7 * length)
             measured = models.bench_decoding(trainers, tasks, batch, length, device,
-                                             preset.reps, preset.warmup, min_sample_s=sample_s)
+                                             preset.reps, preset.warmup, min_sample_s=sample_s,
+                                             rotations=rotations)
             entry = {"length": length, "sentences": preset.decode_sentences, "rows": measured,
                      "ratios": _ratios(measured, "sentences_per_s")}
             out["decode"].append(entry)

@@ -25,11 +25,12 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from fairseq_rope import rotary
 from fairseq_rope.base import PLUGIN_DIR
 from fairseq_rope.benchmark.launches import kernel_launches
 from fairseq_rope.benchmark.memory import peak_during, tensor_bytes
@@ -40,11 +41,13 @@ DTYPE_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 
 @dataclass(frozen=True)
 class Row:
-    """One model of the comparison: a fairseq architecture and extra flags."""
+    """One model of the comparison: a fairseq architecture, extra flags, and the setting of
+    ``FAIRSEQ_ROPE_TRITON`` its calls run under (None: the process's own)."""
 
     name: str
     arch: str
     flags: Tuple[str, ...] = ()
+    rotation: Optional[str] = None
 
 
 #: Joint vocabulary per size: the WMT14 recipe's 37k at base, 1k for the tiny archs.
@@ -52,19 +55,31 @@ VOCAB = {"base": 37000, "tiny": 1000}
 
 
 def rows_for(size: str) -> Tuple[Row, ...]:
-    """The four rows of the table at ``size`` ("base" or "tiny"), stock first."""
+    """The rows of the table at ``size`` ("base" or "tiny"), stock first. ``rope_pytorch`` is
+    ``rope`` rotating with PyTorch where ``rope`` would launch the fused kernel (on a GPU): the
+    two side by side say which path is faster in a step (on a CPU both take the PyTorch path)."""
     learned = ("--encoder-learned-pos", "--decoder-learned-pos")
-    if size == "base":
-        return (Row("sinusoidal", "transformer_wmt_en_de"),
-                Row("learned", "transformer_wmt_en_de", learned),
-                Row("rpe", "transformer_rpe_wmt_en_de"),
-                Row("rope", "transformer_rope_wmt_en_de"))
-    if size == "tiny":  # fairseq's stock tiny arch is transformer_tiny; ours call its defaults
-        return (Row("sinusoidal", "transformer_tiny"),
-                Row("learned", "transformer_tiny", learned),
-                Row("rpe", "transformer_rpe_tiny"),
-                Row("rope", "transformer_rope_tiny"))
-    raise ValueError(f"unknown size {size!r}; expected base or tiny")
+    if size not in ("base", "tiny"):
+        raise ValueError(f"unknown size {size!r}; expected base or tiny")
+    # fairseq's stock tiny arch is transformer_tiny; ours call its defaults
+    stock, suffix = ("transformer_wmt_en_de", "wmt_en_de") if size == "base" else ("transformer_tiny", "tiny")
+    return (Row("sinusoidal", stock),
+            Row("learned", stock, learned),
+            Row("rpe", f"transformer_rpe_{suffix}"),
+            Row("rope", f"transformer_rope_{suffix}"),
+            Row("rope_pytorch", f"transformer_rope_{suffix}", rotation="0"))
+
+
+def under_rotation(call: Callable[[], Any], setting: Optional[str]) -> Callable[[], Any]:
+    """``call`` run under ``FAIRSEQ_ROPE_TRITON=setting`` (as it is when ``setting`` is None)."""
+    if setting is None:
+        return call
+
+    def switched() -> Any:
+        with rotary.fused_rotation(setting):
+            return call()
+
+    return switched
 
 
 def write_dictionary(directory: Path, symbols: int) -> Path:
@@ -172,10 +187,13 @@ def parameter_count(trainer) -> int:
 def bench_training(
     trainers: Mapping[str, Any], batch: Dict[str, Any], device: torch.device,
     reps: int, warmup: int, min_sample_s: float = 0.0,
+    rotations: Optional[Mapping[str, Optional[str]]] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """Interleaved train steps of every row on the same batch (each sample as many steps as last
-    ``min_sample_s``); tokens/s, peak memory and kernel launches per step."""
-    steps = {name: (lambda t=trainer: t.train_step([batch])) for name, trainer in trainers.items()}
+    ``min_sample_s``, each row's under its ``rotations`` setting); tokens/s, peak memory and
+    kernel launches per step."""
+    steps = {name: under_rotation(lambda t=trainer: t.train_step([batch]), (rotations or {}).get(name))
+             for name, trainer in trainers.items()}
     with quiet():
         stats: Dict[str, Stats] = interleaved(steps, reps, device, warmup=warmup, min_sample_s=min_sample_s)
         peaks = {name: peak_during(step, device) for name, step in steps.items()}
@@ -235,9 +253,11 @@ def bench_decoding(
     trainers: Mapping[str, Any], tasks: Mapping[str, Any], batch: Dict[str, Any],
     length: int, device: torch.device, reps: int, warmup: int, beam: int = 4,
     lenpen: float = 0.6, min_sample_s: float = 0.0,
+    rotations: Optional[Mapping[str, Optional[str]]] = None,
 ) -> Dict[str, Dict[str, Any]]:
-    """Interleaved beam search of every row on the same sources, output length forced to ``length``;
-    sentences/s, peak memory and kernel launches per beam search."""
+    """Interleaved beam search of every row on the same sources, output length forced to ``length``
+    (each row's under its ``rotations`` setting); sentences/s, peak memory and kernel launches per
+    beam search."""
     sample = decode_sample(batch, device)
     calls = {}
     for name, trainer in trainers.items():
@@ -248,7 +268,7 @@ def bench_decoding(
             model.eval()
             return task.inference_step(generator, [model], sample)
 
-        calls[name] = decode
+        calls[name] = under_rotation(decode, (rotations or {}).get(name))
     with quiet():
         lengths = {name: sorted({len(h[0]["tokens"]) for h in call()}) for name, call in calls.items()}
         stats = interleaved(calls, reps, device, warmup=warmup, min_sample_s=min_sample_s)

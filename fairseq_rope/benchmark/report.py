@@ -211,6 +211,12 @@ def _ops_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]:
     return out
 
 
+def _row_command(row: Dict[str, Any]) -> str:
+    """A row's arch and flags, and the fused rotation's switch where the row sets it."""
+    switch = f" with `FAIRSEQ_ROPE_TRITON={row['rotation']}`" if row.get("rotation") is not None else ""
+    return f"`{' '.join([row['arch'], *row['flags']])}`{switch}"
+
+
 def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]:
     models = results.get("models", {})
     if not models:
@@ -229,8 +235,7 @@ def _models_section(results: Dict[str, Any], plots: Dict[str, str]) -> List[str]
         others = [n for n in names if n != STOCK]
         out += ["", f"### {dtype}: parameters", ""]
         out += markdown_table(("row", "arch and flags", "parameters"),
-                      [(n, f"`{' '.join([r['arch'], *r['flags']])}`", f"{r['params']:,}")
-                       for n, r in entry["rows"].items()])
+                      [(n, _row_command(r), f"{r['params']:,}") for n, r in entry["rows"].items()])
         for kind, unit, key in (("train", "training tokens/s", "tokens_per_s"),
                                 ("decode", "beam-4 decoding sentences/s", "sentences_per_s")):
             entries = entry.get(kind, [])

@@ -119,6 +119,7 @@ def test_a_time_box_skips_what_it_cannot_start_and_still_writes_the_report(tmp_p
 def test_rows_choose_the_model_rows_but_keep_stock_and_rope() -> None:
     args = cli.build_parser("x").parse_args(["--rows", "learned"])
     assert args.rows == ("sinusoidal", "learned", "rope")
+    assert cli.build_parser("x").parse_args(["--rows", "rope_pytorch"]).rows == ("sinusoidal", "rope", "rope_pytorch")
     with pytest.raises(SystemExit):
         cli.build_parser("x").parse_args(["--rows", "alibi"])
 
