@@ -20,7 +20,8 @@ file atomically, into ``docs/results/``:
 * ``<scale>_bleu_by_length.png`` (``demo-length``): BLEU per source-length bucket;
 * at a scale trained to convergence (``multi30k-converged``), the same tables
   again at the equal budget (the same runs' average of their last 5 checkpoints
-  up to the budget), a convergence table (updates at convergence, updates to
+  up to the budget, and those of the runs still under way, recorded as soon as
+  they scored it: ``eval-budget/run.json``), a convergence table (updates at convergence, updates to
   95 % and 99 % of sinusoidal's converged valid BLEU) and
   ``<scale>_valid_bleu.png``: valid BLEU against updates, mean and range over
   seeds per row.
@@ -48,13 +49,14 @@ from fairseq_rope.experiments.table import (
     SCALES,
     Runs,
     Scale,
-    finished_runs,
     full_length_scale,
     record_hypotheses,
     recorded_runs,
     same_models,
     scale_dir,
+    scored_runs,
     shown_path,
+    split_under_way,
 )
 
 
@@ -102,8 +104,12 @@ def replicated_runs(scale: Scale, at_budget: Runs, records: Path) -> List[str]:
 def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, Path],
                     records: Path, scaling: Optional[Path] = None) -> str:
     """The table of a scale from its runs (``records``: ``RESULTS/runs/<scale>``) and, for a
-    length study, its RoPE scaling study (``scaling``: the study's JSON report), if made."""
-    n = sum(len(rs) for rs in runs.values())
+    length study, its RoPE scaling study (``scaling``: the study's JSON report), if made.
+    Runs under way (:data:`~fairseq_rope.experiments.table.UNDER_WAY`) count in the equal-budget
+    tables only."""
+    every_run = runs
+    runs, going = split_under_way(every_run)
+    n, n_going = (sum(len(rs) for rs in group.values()) for group in (runs, going))
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
     runs_from = shown_path(scale_dir(work_dir, scale))
     if Path(runs_from).is_absolute():  # another checkout's runs: a committed table names no machine's paths
@@ -112,7 +118,9 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         f"# The RoFormer table, scale `{scale.name}`",
         "",
         f"Scale: {scale.title}. Written by `scripts/reproduce_table.sh collect --scale {scale.name}` "
-        f"from {n} finished run(s) recorded in `{shown_path(records)}` ({now}; the runs of "
+        f"from {n} finished run(s)"
+        + (f" and {n_going} under way (at the equal budget only)" if n_going else "")
+        + f" recorded in `{shown_path(records)}` ({now}; the runs of "
         f"`{runs_from}` are recorded there first); "
         "rerun it rather than editing this file.",
         "",
@@ -129,13 +137,14 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
     if scale.data != "demo":
         out += ["## Significance", ""] + significance_section(runs, work_dir, "###")
     if scale.equal_budget is not None:
-        at_budget = budget_runs(runs)
+        at_budget = budget_runs(every_run)
         out += ["## Convergence", ""] + convergence_table(runs) + ["", f"![valid BLEU]({plots['valid_bleu'].name})", ""]
         out += [f"## The same runs at the equal budget ({scale.equal_budget} updates)", "",
                 f"Each run's average of its last 5 checkpoints up to update {scale.equal_budget}, "
                 "decoded and scored as above: the budget of the fixed-budget table, from the "
                 "trajectories that go on to convergence. Tokens/s and wall time: their training up to "
                 "that update (— for runs recorded before these were).", ""]
+        out += under_way_note(going)
         out += main_table(scale, at_budget) + [""] + replicated_runs(scale, at_budget, records)
         out += ["### Significance at the equal budget", ""] + significance_section(at_budget, work_dir, "####")
     if scale.bucket_edges:
@@ -148,8 +157,17 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
             out += length_against_full_data(scale, runs, full, recorded_runs(records.parent, full)) + [""]
     if scaling is not None:
         out += ["## RoPE scaling at decoding time", ""] + scaling_section(scaling) + [""]
-    out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(runs)
+    out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(every_run)
     return "\n".join(out) + "\n"
+
+
+def under_way_note(going: Runs) -> List[str]:
+    """Which runs of the equal-budget tables have not converged yet."""
+    names = [f"{name} seed {r['seed']}" for name, rs in going.items() for r in rs]
+    if not names:
+        return []
+    return [f"Under way: {', '.join(names)} (scored at the equal budget and recorded then; training "
+            "on to convergence, they are not yet in the tables above).", ""]
 
 
 def scaling_section(path: Path) -> List[str]:
@@ -193,20 +211,21 @@ def ran_portably(command_txt: str) -> str:
 def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
     """Write ``<scale>.md`` and its plots into ``out_dir``; returns the written files.
 
-    The finished runs of ``work_dir`` are saved as records in ``out_dir/runs/``
-    first, and the table is made from every record there.
+    The runs of ``work_dir`` (finished, or under way at a converged scale) are saved as records
+    in ``out_dir/runs/`` first, and the table is made from every record there.
     """
-    runs = finished_runs(work_dir, scale, out_dir / RECORDS)
+    runs = scored_runs(work_dir, scale, out_dir / RECORDS)
+    finished, _ = split_under_way(runs)
     plots = {"valid_loss": out_dir / f"{scale.name}_valid_loss.png",
              "bleu": out_dir / f"{scale.name}_bleu.png"}
-    plot_valid_loss(scale, runs, plots["valid_loss"])
-    plot_bleu(scale, runs, plots["bleu"])
+    plot_valid_loss(scale, finished, plots["valid_loss"])
+    plot_bleu(scale, finished, plots["bleu"])
     if scale.bucket_edges:
         plots["bleu_by_length"] = out_dir / f"{scale.name}_bleu_by_length.png"
-        plot_bleu_by_length(scale, runs, plots["bleu_by_length"])
+        plot_bleu_by_length(scale, finished, plots["bleu_by_length"])
     if scale.equal_budget is not None:
         plots["valid_bleu"] = out_dir / f"{scale.name}_valid_bleu.png"
-        plot_valid_bleu(scale, runs, plots["valid_bleu"])
+        plot_valid_bleu(scale, finished, plots["valid_bleu"])
     table = out_dir / f"{scale.name}.md"
     scaling = scaling_study.report_path(scale.name, out_dir).with_suffix(".json")
     base.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name,

@@ -16,7 +16,8 @@ directory layout), each step resumable:
 4. write ``eval/run.json`` beside ``results.json``
    (:mod:`fairseq_rope.experiments.summary`): the run's row, scale, seed, config,
    arch, parameter count, training speed and wall time, number of updates, BLEU
-   and validation-loss curve — what ``collect`` tabulates.
+   and validation-loss curve — what ``collect`` tabulates (at a converged scale, also
+   ``eval-budget/run.json`` as soon as the equal budget is scored, before training goes on).
 
 ``scripts/reproduce_table.sh collect [--scale S]`` is :mod:`fairseq_rope.experiments.collect`.
 """
@@ -42,7 +43,7 @@ from fairseq_rope.experiments.config import load_experiment, resolve_config
 from fairseq_rope.experiments.convergence import Rule, StopAtConvergence, convergence_record, describe
 from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Device
 from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
-from fairseq_rope.experiments.summary import summarize_run
+from fairseq_rope.experiments.summary import summarize_budget, summarize_run
 from fairseq_rope.experiments.table import (
     BUDGET_EVAL_DIR,
     DEFAULT_RESULTS_DIR,
@@ -226,8 +227,9 @@ def reproduce_row(
     torch sees one, else the CPU); returns its run.json.
 
     At a converged scale the run first trains to the scale's equal budget, whose
-    last 5 checkpoints are averaged and scored into ``eval-budget/`` before
-    training goes on (and deletes them), then to its convergence rule; ``eval/``
+    last 5 checkpoints are averaged and scored into ``eval-budget/`` (with its summary there,
+    :func:`summarize_budget`) before training goes on (and deletes them), then to its
+    convergence rule; ``eval/``
     then holds the average of the last 5 checkpoints up to the update where the
     rule stops it. Both come from one trajectory: a run resumes bit-identically.
     """
@@ -243,6 +245,7 @@ def reproduce_row(
     data_bin = prepare_data(scale, work_dir, raw_dir)
     check_language_pair(scale, data_bin)
     save_dir = run_dir(work_dir, scale, row, seed)
+    command = reproduce_command(row, scale, seed, extra, work_dir, device)
     trained, convergence, budget_length = [], None, None
     if scale.equal_budget is not None:
         budget = scale.equal_budget
@@ -250,6 +253,7 @@ def reproduce_row(
         if trained[-1] is not None or not (save_dir / BUDGET_EVAL_DIR / "results.json").is_file():
             evaluate(save_dir, data_bin, upper_bound=budget, eval_dir=BUDGET_EVAL_DIR, device=device)
         budget_length = length_results(scale, save_dir, data_bin, BUDGET_EVAL_DIR) if scale.bucket_edges else None
+        summarize_budget(row, scale, seed, save_dir, config, command, extra, budget_length)
     trained.append(train(config, data_bin, save_dir, seed, extra, device))
     if scale.equal_budget is not None:
         convergence = convergence_of(save_dir, config, extra)
@@ -257,7 +261,6 @@ def reproduce_row(
     if seconds is not None or not (save_dir / EVAL_DIR / "results.json").is_file():
         evaluate(save_dir, data_bin, upper_bound=convergence["update"] if convergence else None, device=device)
     length = length_results(scale, save_dir, data_bin) if scale.bucket_edges else None
-    command = reproduce_command(row, scale, seed, extra, work_dir, device)
     return summarize_run(row, scale, seed, save_dir, config, command, extra, seconds, length,
                          convergence=convergence, budget_length=budget_length)
 

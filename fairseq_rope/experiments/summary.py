@@ -1,4 +1,5 @@
-"""A finished run's summary, ``eval/run.json``: what the table knows of a run.
+"""A run's summary, ``eval/run.json``: what the table knows of a run (and, at a converged
+scale, ``eval-budget/run.json``: the run as it stood at its equal budget, :func:`summarize_budget`).
 
 Written by :func:`summarize_run` from the run's training log, its ``command.txt``, its
 evaluations' ``results.json`` and the averaged checkpoint, after each step of
@@ -11,14 +12,22 @@ import datetime
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from fairseq_rope import base
 from fairseq_rope.checkpoints import load_checkpoint
 from fairseq_rope.data.prepare.pipeline import sha256_file
 from fairseq_rope.evaluation.averaging import tied_aliases
 from fairseq_rope.experiments.command import option_value, read_command
-from fairseq_rope.experiments.table import BUDGET_EVAL_DIR, EVAL_DIR, Row, Scale, summary_path
+from fairseq_rope.experiments.table import (
+    BUDGET_EVAL_DIR,
+    EVAL_DIR,
+    UNDER_WAY,
+    Row,
+    Scale,
+    budget_summary_path,
+    summary_path,
+)
 from fairseq_rope.experiments.train_log import PROVENANCE_KEYS, TrainLog, logged_provenance, read_train_log
 
 # State-dict entries that are buffers, not parameters (fairseq's version
@@ -53,15 +62,67 @@ def summarize_run(
     """
     results = _read_json(save_dir / EVAL_DIR / "results.json")
     log = read_train_log(save_dir)
-    _, command = read_command(save_dir)
     checkpoint = load_checkpoint(results["checkpoint"])
-    model_state = checkpoint["model"]
+    summary = {
+        **_identity(row, scale, seed, save_dir, config, extra, checkpoint["model"], log, summary_path(save_dir)),
+        **_speed(log),
+        **_wall_time(checkpoint, log, timer_seconds),
+        "num_updates": log.num_updates,
+        **_scores(results),
+        "valid_loss": _curve(log.valid_loss),
+        "reproduce_command": command_line,
+        "date": _date(results),
+    }
+    if length is not None:
+        summary["bleu_by_length"] = length
+    if convergence is not None:
+        summary.update({
+            "valid_bleu": _curve(log.valid_bleu),
+            "convergence": dict(convergence),
+            "updates_at_convergence": convergence["update"],
+            "equal_budget": _equal_budget(scale, save_dir, log, budget_length),
+        })
+    base.write_json(summary_path(save_dir), summary)
+    return summary
+
+
+def summarize_budget(
+    row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, command_line: str,
+    extra: Sequence[str] = (), budget_length: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """``eval-budget/run.json`` of a converged scale's run, written once its equal budget is
+    scored and before it trains on: the run as it stood at the budget (:data:`UNDER_WAY`), its
+    curves cut there, with the ``equal_budget`` entry its finished ``run.json`` will repeat."""
+    budget = scale.equal_budget
+    assert budget is not None, f"scale {scale.name} has no equal budget"
+    results = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
+    log = read_train_log(save_dir)
+    checkpoint = load_checkpoint(results["checkpoint"])
+    summary = {
+        **_identity(row, scale, seed, save_dir, config, extra, checkpoint["model"], log,
+                    budget_summary_path(save_dir)),
+        "stage": UNDER_WAY,
+        "num_updates": budget,
+        "valid_loss": _curve(log.valid_loss, budget),
+        "valid_bleu": _curve(log.valid_bleu, budget),
+        "equal_budget": _equal_budget(scale, save_dir, log, budget_length),
+        "reproduce_command": command_line,
+        "date": _date(results),
+    }
+    base.write_json(budget_summary_path(save_dir), summary)
+    return summary
+
+
+def _identity(row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, extra: Sequence[str],
+              model_state: Mapping[str, Any], log: TrainLog, previous: Path) -> Dict[str, Any]:
+    """What a run is and what it trained with, whatever stage it is recorded at (``previous``: the
+    summary it replaces, whose provenance it keeps where the log recorded none)."""
+    _, command = read_command(save_dir)
     provenance = logged_provenance(log)
-    previous = summary_path(save_dir)
     if not provenance["train_invocations_recorded"] and previous.is_file():
         earlier = _read_json(previous)
         provenance.update({key: earlier.get(key) for key in PROVENANCE_KEYS if provenance[key] is None})
-    summary: Dict[str, Any] = {
+    return {
         "row": row.name,
         "scale": scale.name,
         "language_pair": scale.language_pair,
@@ -71,30 +132,28 @@ def summarize_run(
         "arch": option_value(command, "arch"),
         "extra_train_args": list(extra),
         "parameters": count_parameters(model_state),
-        **_speed(log),
-        **_wall_time(checkpoint, log, timer_seconds),
         **provenance,
-        "num_updates": log.num_updates,
-        **_scores(results),
-        "valid_loss": [[u, loss] for u, loss in sorted(log.valid_loss.items())],
-        "reproduce_command": command_line,
-        "date": results.get("date") or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    if length is not None:
-        summary["bleu_by_length"] = length
-    if convergence is not None:
-        budget = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
-        summary.update({
-            "valid_bleu": [[u, bleu] for u, bleu in sorted(log.valid_bleu.items())],
-            "convergence": dict(convergence),
-            "updates_at_convergence": convergence["update"],
-            "equal_budget": {"updates": scale.equal_budget, **_scores(budget),
-                             "train_wall_seconds": _cumulative_training_time(load_checkpoint(budget["checkpoint"])),
-                             **_speed(log, upto=scale.equal_budget),
-                             **({"bleu_by_length": budget_length} if budget_length is not None else {})},
-        })
-    base.write_json(summary_path(save_dir), summary)
-    return summary
+
+
+def _equal_budget(scale: Scale, save_dir: Path, log: TrainLog,
+                  budget_length: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The scores, training time and speed of a run's ``eval-budget/`` evaluation."""
+    budget = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
+    return {"updates": scale.equal_budget, **_scores(budget),
+            "train_wall_seconds": _cumulative_training_time(load_checkpoint(budget["checkpoint"])),
+            **_speed(log, upto=scale.equal_budget),
+            **({"bleu_by_length": budget_length} if budget_length is not None else {})}
+
+
+def _curve(by_update: Mapping[int, float], upto: Optional[int] = None) -> List[List[Any]]:
+    """``[[update, value], ...]`` in update order (to ``upto``)."""
+    return [[u, v] for u, v in sorted(by_update.items()) if upto is None or u <= upto]
+
+
+def _date(results: Mapping[str, Any]) -> str:
+    """When an evaluation scored the test set (now, for results that did not say)."""
+    return results.get("date") or datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def _scores(results: Mapping[str, Any]) -> Dict[str, Any]:

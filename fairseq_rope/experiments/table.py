@@ -19,11 +19,12 @@ Layout of a work directory (default ``work/`` in the repository)::
     <work>/<scale>/<row>/seed<N>/       checkpoints, train.log, command.txt
     <work>/<scale>/<row>/seed<N>/eval/  results.json, run.json (the run's summary)
     <work>/<scale>/<row>/seed<N>/eval-budget/  a converged scale's run at the equal budget
+                                        (run.json: the run as it stood there, see UNDER_WAY)
 
 and of a results directory (default ``docs/results/``, committed)::
 
     <results>/<scale>.md, *.png         the table and plots of a scale
-    <results>/runs/<scale>/<row>/seed<N>/   a finished run's record: run.json,
+    <results>/runs/<scale>/<row>/seed<N>/   a run's record (finished or UNDER_WAY): run.json,
                                         command.txt, hyps.detok.<tgt>.gz (and
                                         budget.hyps.detok.<tgt>.gz at the equal budget)
 """
@@ -44,9 +45,14 @@ from fairseq_rope.experiments.length_corpus import LengthCorpus
 REPO = base.project_dir()
 DEFAULT_WORK_DIR = REPO / "work"
 DEFAULT_RESULTS_DIR = REPO / "docs" / "results"
-#: Under a results directory: the records of finished runs, by scale, row and seed.
+#: Under a results directory: the records of runs, by scale, row and seed.
 RECORDS = "runs"
 RUN_SUMMARY = "run.json"
+#: The ``stage`` of a converged scale's run recorded as it stood at its equal budget, before it
+#: converged (``eval-budget/run.json``): that score is final once made, so it is recorded at
+#: once and a run cut off later (a session's end on a machine that does not persist) keeps it.
+#: Such a run counts in the equal-budget tables only; a finished run's summary has no ``stage``.
+UNDER_WAY = "under way: scored at the equal budget, not yet converged"
 #: A run's evaluations, under its run directory: the table's, and at a converged scale the
 #: equal-budget one; and the prefix of their test hypotheses in a record.
 EVAL_DIR = "eval"
@@ -235,10 +241,33 @@ def summary_path(run: PathLike) -> Path:
     return Path(run) / "eval" / RUN_SUMMARY
 
 
-def finished_runs(work_dir: PathLike, scale: Scale, records_dir: Optional[PathLike] = None) -> Runs:
-    """Every row's finished runs (those with a ``run.json``), in seed order; ``[]`` for rows not run.
+def budget_summary_path(run: PathLike) -> Path:
+    """The ``run.json`` of a converged scale's run as it stood at its equal budget (:data:`UNDER_WAY`)."""
+    return Path(run) / BUDGET_EVAL_DIR / RUN_SUMMARY
 
-    With ``records_dir``, the runs finished in ``work_dir`` are first saved as
+
+def newest_summary(run: PathLike) -> Optional[Path]:
+    """A run directory's latest summary: ``eval/run.json`` once finished, else the equal-budget
+    one once scored (:data:`UNDER_WAY`), else None."""
+    return next((path for path in (summary_path(run), budget_summary_path(run)) if path.is_file()), None)
+
+
+def under_way(run: Mapping[str, Any]) -> bool:
+    """Whether a run's summary is of a run not yet converged (:data:`UNDER_WAY`)."""
+    return run.get("stage") == UNDER_WAY
+
+
+def split_under_way(runs: Runs) -> Tuple[Runs, Runs]:
+    """(the finished runs, the runs under way), each by row in seed order."""
+    return ({name: [r for r in rs if not under_way(r)] for name, rs in runs.items()},
+            {name: [r for r in rs if under_way(r)] for name, rs in runs.items()})
+
+
+def scored_runs(work_dir: PathLike, scale: Scale, records_dir: Optional[PathLike] = None) -> Runs:
+    """Every row's runs with a ``run.json`` (:func:`newest_summary`: finished, or at a converged
+    scale :data:`UNDER_WAY`), in seed order; ``[]`` for rows not run.
+
+    With ``records_dir``, the runs of ``work_dir`` are first saved as
     records in ``records_dir/<scale>/<row>/seed<N>/`` (see :func:`save_record`),
     replacing older records of the same run, and the table is made from all the
     records: runs whose work directory is gone (another machine, an earlier
@@ -246,8 +275,9 @@ def finished_runs(work_dir: PathLike, scale: Scale, records_dir: Optional[PathLi
     """
     runs: Runs = {}
     for name in ROWS:
-        found = [(path.parent.parent, _read_run(path, name, scale))
-                 for path in (scale_dir(work_dir, scale) / name).glob(f"seed*/eval/{RUN_SUMMARY}")]
+        found = [(run, _read_run(path, name, scale))
+                 for run in (scale_dir(work_dir, scale) / name).glob("seed*")
+                 if (path := newest_summary(run)) is not None]
         if records_dir is not None:  # the table is then made from the records, below
             for run, _ in found:
                 save_record(run, Path(records_dir) / scale.name / name / run.name)
@@ -258,7 +288,7 @@ def finished_runs(work_dir: PathLike, scale: Scale, records_dir: Optional[PathLi
 
 
 def recorded_runs(records_dir: PathLike, scale: Scale) -> Runs:
-    """Every row's runs recorded in ``records_dir/<scale>/`` (see :func:`finished_runs`), in seed
+    """Every row's runs recorded in ``records_dir/<scale>/`` (see :func:`scored_runs`), in seed
     order; each run's ``run_dir`` is its record."""
     return {name: sorted(({**_read_run(path, name, scale), "run_dir": str(path.parent)}
                           for path in (Path(records_dir) / scale.name / name).glob(f"seed*/{RUN_SUMMARY}")),
@@ -277,11 +307,17 @@ def shown_path(path: PathLike) -> str:
 
 
 def save_record(run: Path, record: Path) -> None:
-    """What a table needs of a finished run, kept apart from its checkpoints: ``run.json``,
-    ``command.txt`` and the detokenized test hypotheses (gzipped) for significance tests."""
+    """What a table needs of a run, kept apart from its checkpoints: its newest ``run.json``,
+    ``command.txt`` and the detokenized test hypotheses (gzipped) for significance tests.
+    A finished record is never replaced by the same run's record under way (the run started
+    again elsewhere: its equal budget scores are those the finished record already has)."""
+    summary = newest_summary(run)
+    kept = record / RUN_SUMMARY
+    if summary == budget_summary_path(run) and kept.is_file() and not under_way(_read_summary(kept)):
+        return
     record.mkdir(parents=True, exist_ok=True)
-    for source in (run / "eval" / RUN_SUMMARY, run / "command.txt"):
-        if source.is_file():
+    for source in (summary, run / "command.txt"):
+        if source is not None and source.is_file():
             base.write_text(record / source.name, source.read_text(encoding="utf-8"))
     for evaluation, prefix in RECORDED_HYPOTHESES.items():
         for hyps in (run / evaluation).glob("hyps.detok.*"):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
 import torch
@@ -22,12 +23,15 @@ from fairseq_rope.experiments.device import CPU
 from fairseq_rope.experiments.table import (
     ROWS,
     SCALES,
+    UNDER_WAY,
     TableError,
+    budget_summary_path,
     config_name,
     get_row,
     get_scale,
     run_dir,
     summary_path,
+    under_way,
 )
 from tests.conftest import build_model
 
@@ -703,11 +707,13 @@ def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, 
     monkeypatch.setattr(reproduce, "length_results", lambda scale, save, data, where="eval": calls.append(("length", where)))
     monkeypatch.setattr(reproduce, "convergence_of", lambda *a: {"update": 4179})
     monkeypatch.setattr(reproduce, "summarize_run", lambda *a, **k: calls.append(("summarize", k)) or {})
+    monkeypatch.setattr(reproduce, "summarize_budget", lambda *a: calls.append(("summarize budget", a[2])))
     reproduce.reproduce_row(ROWS["rope"], SCALES["multi30k-converged"], 2, tmp_path, ["--patience", "3"])
     assert calls == [
         ("train", ["--patience", "3", "--max-update", "1791"]),
         ("evaluate", {"upper_bound": 1791, "eval_dir": "eval-budget", "device": CPU}),
         ("length", "eval-budget"),
+        ("summarize budget", 2),  # recorded before training on: a run cut off later keeps it
         ("train", ["--patience", "3"]),
         ("evaluate", {"upper_bound": 4179, "device": CPU}),
         ("length", "eval"),
@@ -715,6 +721,41 @@ def test_a_converged_scale_scores_the_equal_budget_before_training_on(tmp_path, 
     ]
     # The data of the multi30k table: one preparation for both scales.
     assert reproduce.data_dir(tmp_path, SCALES["multi30k-converged"]) == tmp_path / "multi30k" / "data"
+
+
+def test_a_converged_scales_run_is_summarized_at_its_equal_budget_before_it_converges(tiny_state, tmp_path):
+    """eval-budget/run.json: the run as it stood at the budget, its curves cut there and no
+    converged score; the finished run.json repeats its identity and equal-budget entry."""
+    state, expected = tiny_state
+    scale = dataclasses.replace(SCALES["multi30k-converged"], equal_budget=398)
+    save = tmp_path / "run"
+    (save / "eval").mkdir(parents=True)
+    (save / "eval-budget").mkdir()
+    (save / "command.txt").write_text("cd /repo\nfairseq-train /repo/DATA --arch arch_rope --seed 2\n")
+    (save / "train.log").write_text(CONVERGED_LOG)  # validations at 199, 398, 597 and 796
+    for where, bleu, seconds in (("eval-budget", 30.0, 100.0), ("eval", 33.0, 200.0)):
+        checkpoint = save / where / "checkpoint_avg.pt"
+        torch.save({"model": state, "extra_state": {"previous_training_time": seconds}}, checkpoint)
+        (save / where / "results.json").write_text(json.dumps(
+            {"bleu_tokenized": bleu, "sacrebleu": bleu - 1, "checkpoint": str(checkpoint),
+             "date": f"2026-01-0{int(seconds) // 100}T00:00:00+00:00"}))
+    args = (ROWS["rope"], scale, 2, save, Path("configs/rope_multi30k-converged.yaml"), "the command")
+    early = run_summary.summarize_budget(*args)
+    assert json.loads(budget_summary_path(save).read_text()) == early
+    assert under_way(early) and early["stage"] == UNDER_WAY and early["num_updates"] == 398
+    assert early["valid_bleu"] == [[199, 4.64], [398, 13.89]]
+    assert [u for u, _ in early["valid_loss"]] == [199, 398]
+    assert "bleu_tokenized" not in early and "convergence" not in early
+    assert early["equal_budget"]["updates"] == 398 and early["equal_budget"]["bleu_tokenized"] == 30.0
+    assert early["equal_budget"]["train_wall_seconds"] == 100.0
+    assert early["date"] == "2026-01-01T00:00:00+00:00"  # when the budget was scored
+    assert (early["parameters"], early["arch"], early["seed"], early["language_pair"]) == (
+        expected, "arch_rope", 2, "en-de")
+    final = run_summary.summarize_run(*args, convergence={"update": 796})
+    assert not under_way(final) and final["bleu_tokenized"] == 33.0 and final["num_updates"] == 796
+    assert final["equal_budget"] == early["equal_budget"]
+    assert {k: v for k, v in final.items() if k in early and k not in ("valid_bleu", "valid_loss", "num_updates", "date")} == {
+        k: v for k, v in early.items() if k not in ("stage", "valid_bleu", "valid_loss", "num_updates", "date")}
 
 
 def write_converged_run(work: Path, row: str, seed: int, converged: float, budget: float,
@@ -742,12 +783,16 @@ def write_converged_run(work: Path, row: str, seed: int, converged: float, budge
     return save
 
 
-def test_collect_a_converged_scale(tmp_path):
-    work, out = tmp_path / "work", tmp_path / "results"
+def converged_scale_files(tmp_path: Path) -> Tuple[Path, Path, Path, str]:
+    """(work directory, results directory, a 40-caption reference, hypotheses equal to it)."""
     reference = tmp_path / "test.de"
-    refs = [f"ein Hund {i} läuft über die grüne Wiese ." for i in range(40)]
-    reference.write_text("\n".join(refs) + "\n")
-    good = "\n".join(refs) + "\n"
+    good = "".join(f"ein Hund {i} läuft über die grüne Wiese .\n" for i in range(40))
+    reference.write_text(good)
+    return tmp_path / "work", tmp_path / "results", reference, good
+
+
+def test_collect_a_converged_scale(tmp_path):
+    work, out, reference, good = converged_scale_files(tmp_path)
     poor = "\n".join(f"ein Hund {i} läuft" for i in range(40)) + "\n"
     sinusoidal = {199 * k: v for k, v in enumerate([10.0, 20.0, 30.0, 36.0, 38.0, 40.0, 39.5, 39.0, 39.8], 1)}
     rope = {199 * k: v for k, v in enumerate([15.0, 30.0, 38.5, 39.7, 40.2, 40.1, 39.9, 40.0], 1)}
@@ -782,6 +827,50 @@ def test_collect_a_converged_scale(tmp_path):
     assert line == "| sinusoidal | 1 | 40.00 | 1,194 | 1,791 | patience | 995 | 1,194 |"
     assert "not run" in table_line(converged.split("## Convergence")[1], "rpe")
     assert "![valid BLEU](multi30k-converged_valid_bleu.png)" in md
+
+
+def write_under_way_run(work: Path, row: str, seed: int, budget: float, curve: Dict[int, float],
+                        budget_hyps: str, reference: Path) -> Path:
+    """A fake run of the converged scale scored at its equal budget and still training."""
+    save = write_converged_run(work, row, seed, 0.0, budget, curve, max(curve), "", budget_hyps, reference)
+    summary = json.loads(summary_path(save).read_text())
+    for key in ("bleu_tokenized", "sacrebleu", "convergence", "updates_at_convergence"):
+        del summary[key]
+    budget_summary_path(save).write_text(json.dumps({**summary, "stage": UNDER_WAY, "num_updates": 1791}))
+    summary_path(save).unlink()
+    (save / "eval" / "hyps.detok.de").unlink()
+    return save
+
+
+def test_a_run_under_way_counts_at_the_equal_budget_only_and_never_replaces_its_finished_record(tmp_path):
+    work, out, reference, good = converged_scale_files(tmp_path)
+    curve = {199 * k: 10.0 * k for k in range(1, 10)}
+    write_converged_run(work, "sinusoidal", 1, 40.0, 35.0, {**curve, 1990: 40.0}, 1990, good, good, reference)
+    write_converged_run(work, "rope", 1, 39.0, 37.0, {**curve, 1990: 41.0}, 1990, good, good, reference)
+    going = write_under_way_run(work, "rope", 2, 39.0, curve, good, reference)
+    collect.collect(SCALES["multi30k-converged"], work, out)
+    md = (out / "multi30k-converged.md").read_text()
+    assert "from 2 finished run(s) and 1 under way (at the equal budget only)" in md
+    converged, budget = md.split("## The same runs at the equal budget (1791 updates)")
+    assert "`arch_rope` | 1 | 39.00 |" in table_line(converged, "rope")  # seeds: the finished one
+    assert table_line(converged.split("## Convergence")[1], "rope").startswith("| rope | 1 |")
+    assert "`arch_rope` | 1, 2 | 38.00 ± 1.41 [37.00, 39.00] |" in table_line(budget, "rope")
+    assert "Under way: rope seed 2 (scored at the equal budget" in budget
+    assert "# rope, seed 2" in md  # its command, to resume or reproduce it
+    record = out / "runs" / "multi30k-converged" / "rope" / "seed2"
+    assert under_way(json.loads((record / "run.json").read_text()))
+    assert {p.name for p in record.glob("*.gz")} == {"budget.hyps.detok.de.gz"}
+    # It converges: its record becomes the finished run's.
+    write_converged_run(tmp_path / "later", "rope", 2, 38.0, 39.0, {**curve, 1990: 40.5}, 1990, good, good, reference)
+    collect.collect(SCALES["multi30k-converged"], tmp_path / "later", out)
+    md = (out / "multi30k-converged.md").read_text()
+    assert "from 3 finished run(s) recorded" in md and "Under way" not in md
+    assert "`arch_rope` | 1, 2 | 38.50 ± 0.71 [39.00, 38.00] |" in table_line(md.split("## The same runs")[0], "rope")
+    # The same cell started again elsewhere, only under way there: the finished record stays.
+    collect.collect(SCALES["multi30k-converged"], work, out)
+    assert not under_way(json.loads((record / "run.json").read_text()))
+    assert "from 3 finished run(s) recorded" in (out / "multi30k-converged.md").read_text()
+    assert going.is_dir()
 
 
 def test_a_row_trained_at_uneven_speed_is_marked_in_tokens_per_second_and_wall_time():
