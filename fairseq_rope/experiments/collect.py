@@ -166,8 +166,8 @@ def under_way_note(going: Runs) -> List[str]:
     names = [f"{name} seed {r['seed']}" for name, rs in going.items() for r in rs]
     if not names:
         return []
-    return [f"Under way: {', '.join(names)} (scored at the equal budget and recorded then; training "
-            "on to convergence, they are not yet in the tables above).", ""]
+    return [f"Under way, so in these tables only: {', '.join(names)} (scored at the equal budget and "
+            "recorded then, still training to convergence).", ""]
 
 
 def scaling_section(path: Path) -> List[str]:

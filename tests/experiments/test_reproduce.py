@@ -855,7 +855,7 @@ def test_a_run_under_way_counts_at_the_equal_budget_only_and_never_replaces_its_
     assert "`arch_rope` | 1 | 39.00 |" in table_line(converged, "rope")  # seeds: the finished one
     assert table_line(converged.split("## Convergence")[1], "rope").startswith("| rope | 1 |")
     assert "`arch_rope` | 1, 2 | 38.00 ± 1.41 [37.00, 39.00] |" in table_line(budget, "rope")
-    assert "Under way: rope seed 2 (scored at the equal budget" in budget
+    assert "Under way, so in these tables only: rope seed 2 (scored at the equal budget" in budget
     assert "# rope, seed 2" in md  # its command, to resume or reproduce it
     record = out / "runs" / "multi30k-converged" / "rope" / "seed2"
     assert under_way(json.loads((record / "run.json").read_text()))
