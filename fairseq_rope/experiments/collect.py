@@ -107,9 +107,8 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
     length study, its RoPE scaling study (``scaling``: the study's JSON report), if made.
     Runs under way (:data:`~fairseq_rope.experiments.table.UNDER_WAY`) count in the equal-budget
     tables only."""
-    every_run = runs
-    runs, going = split_under_way(every_run)
-    n, n_going = (sum(len(rs) for rs in group.values()) for group in (runs, going))
+    finished, going = split_under_way(runs)
+    n, n_going = (sum(len(rs) for rs in group.values()) for group in (finished, going))
     now = datetime.datetime.now().astimezone().isoformat(timespec="minutes")
     runs_from = shown_path(scale_dir(work_dir, scale))
     if Path(runs_from).is_absolute():  # another checkout's runs: a committed table names no machine's paths
@@ -129,16 +128,16 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         out += ["**The paper's numbers are BLEU on WMT14 En→De newstest2014 with Transformer-base; "
                 "they are not comparable with this scale** (other data, tiny models) and are shown "
                 "only to name the row each one stands for.", ""]
-    out += main_table(scale, runs) + ["", BLEU_NOTE, ""]
+    out += main_table(scale, finished) + ["", BLEU_NOTE, ""]
     out += [f"![validation loss]({plots['valid_loss'].name}) ![BLEU]({plots['bleu'].name})", ""]
     for study in SCALES.values():  # the length study of the same models, if any
         if same_models(study, scale) and study.is_length_study and study is not scale:
             out += [f"Length extrapolation with these models: [{study.name}.md]({study.name}.md).", ""]
     if scale.data != "demo":
-        out += ["## Significance", ""] + significance_section(runs, work_dir, "###")
+        out += ["## Significance", ""] + significance_section(finished, work_dir, "###")
     if scale.equal_budget is not None:
-        at_budget = budget_runs(every_run)
-        out += ["## Convergence", ""] + convergence_table(runs) + ["", f"![valid BLEU]({plots['valid_bleu'].name})", ""]
+        at_budget = budget_runs(runs)
+        out += ["## Convergence", ""] + convergence_table(finished) + ["", f"![valid BLEU]({plots['valid_bleu'].name})", ""]
         out += [f"## The same runs at the equal budget ({scale.equal_budget} updates)", "",
                 f"Each run's average of its last 5 checkpoints up to update {scale.equal_budget}, "
                 "decoded and scored as above: the budget of the fixed-budget table, from the "
@@ -149,15 +148,15 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         out += ["### Significance at the equal budget", ""] + significance_section(at_budget, work_dir, "####")
     if scale.bucket_edges:
         title = "Length extrapolation" if scale.is_length_study else "BLEU by source length"
-        out += [f"## {title}", ""] + length_table(scale, runs)
+        out += [f"## {title}", ""] + length_table(scale, finished)
         out += ["", f"![BLEU by length]({plots['bleu_by_length'].name})", ""]
         full = full_length_scale(scale)
         if full is not None:
             out += ["## Against the same rows trained on all lengths", ""]
-            out += length_against_full_data(scale, runs, full, recorded_runs(records.parent, full)) + [""]
+            out += length_against_full_data(scale, finished, full, recorded_runs(records.parent, full)) + [""]
     if scaling is not None:
         out += ["## RoPE scaling at decoding time", ""] + scaling_section(scaling) + [""]
-    out += ["## Runs", ""] + runs_table(runs) + ["", "## Commands", ""] + commands(every_run)
+    out += ["## Runs", ""] + runs_table(finished) + ["", "## Commands", ""] + commands(runs)
     return "\n".join(out) + "\n"
 
 
