@@ -12,7 +12,7 @@ import datetime
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_rope import base
 from fairseq_rope.checkpoints import load_checkpoint
@@ -80,7 +80,7 @@ def summarize_run(
             "valid_bleu": _curve(log.valid_bleu),
             "convergence": dict(convergence),
             "updates_at_convergence": convergence["update"],
-            "equal_budget": _equal_budget(scale, save_dir, log, budget_length),
+            "equal_budget": _equal_budget(scale, *_evaluation(save_dir / BUDGET_EVAL_DIR), log, budget_length),
         })
     base.write_json(summary_path(save_dir), summary)
     return summary
@@ -95,9 +95,8 @@ def summarize_budget(
     curves cut there, with the ``equal_budget`` entry its finished ``run.json`` will repeat."""
     budget = scale.equal_budget
     assert budget is not None, f"scale {scale.name} has no equal budget"
-    results = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
+    results, checkpoint = _evaluation(save_dir / BUDGET_EVAL_DIR)
     log = read_train_log(save_dir)
-    checkpoint = load_checkpoint(results["checkpoint"])
     summary = {
         **_identity(row, scale, seed, save_dir, config, extra, checkpoint["model"], log,
                     budget_summary_path(save_dir)),
@@ -105,7 +104,7 @@ def summarize_budget(
         "num_updates": budget,
         "valid_loss": _curve(log.valid_loss, budget),
         "valid_bleu": _curve(log.valid_bleu, budget),
-        "equal_budget": _equal_budget(scale, save_dir, log, budget_length),
+        "equal_budget": _equal_budget(scale, results, checkpoint, log, budget_length),
         "reproduce_command": command_line,
         "date": _date(results),
     }
@@ -136,12 +135,17 @@ def _identity(row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, e
     }
 
 
-def _equal_budget(scale: Scale, save_dir: Path, log: TrainLog,
+def _evaluation(eval_dir: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """An evaluation's results.json and the averaged checkpoint it scored."""
+    results = _read_json(eval_dir / "results.json")
+    return results, load_checkpoint(results["checkpoint"])
+
+
+def _equal_budget(scale: Scale, results: Mapping[str, Any], checkpoint: Mapping[str, Any], log: TrainLog,
                   budget_length: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The scores, training time and speed of a run's ``eval-budget/`` evaluation."""
-    budget = _read_json(save_dir / BUDGET_EVAL_DIR / "results.json")
-    return {"updates": scale.equal_budget, **_scores(budget),
-            "train_wall_seconds": _cumulative_training_time(load_checkpoint(budget["checkpoint"])),
+    return {"updates": scale.equal_budget, **_scores(results),
+            "train_wall_seconds": _cumulative_training_time(checkpoint),
             **_speed(log, upto=scale.equal_budget),
             **({"bleu_by_length": budget_length} if budget_length is not None else {})}
 
