@@ -262,6 +262,12 @@ def valid_curve(run: Dict[str, Any]) -> Dict[int, float]:
     return {int(u): float(b) for u, b in run.get("valid_bleu") or []}
 
 
+def latest_valid_curve(run: Dict[str, Any]) -> Dict[int, float]:
+    """A run's valid BLEU as far as it is known: a run under way's ``progress`` past its budget
+    (:func:`~fairseq_rope.experiments.summary.record_progress`), else its own curve."""
+    return valid_curve(run.get("progress") or run)
+
+
 def baseline_converged_bleu(runs: Runs) -> Optional[float]:
     """The baseline's converged valid BLEU: the mean over its seeds of the best valid BLEU their rule saw."""
     best = [r["convergence"]["best_bleu"] for r in runs[BASELINE] if r.get("convergence")]
@@ -296,6 +302,31 @@ def convergence_table(runs: Runs) -> List[str]:
                       cell([c["update"] for c in conv], count_cell), ", ".join(c["reason"] for c in conv), *speed])
     return intro + markdown_table(header, lines)
 
+
+def progress_table(going: Runs, finished: Runs) -> List[str]:
+    """Per run under way: how far it has validated (its record's ``progress``, else its curve to the
+    equal budget), its best valid BLEU so far and where, and the updates it took to first reach
+    95 % and 99 % of the baseline's converged valid BLEU, or that it had not by then."""
+    target = baseline_converged_bleu(finished)
+    lines = []
+    for name, rs in going.items():
+        for r in rs:
+            curve = latest_valid_curve(r)
+            if not curve:
+                continue
+            last = max(curve)
+            best = min(curve, key=lambda u: (-curve[u], u))
+            reached = [None if target is None else updates_to_reach(curve, f * target) for f in SPEED_FRACTIONS]
+            lines.append([name, str(r["seed"]), count_cell(last), bleu_cell(curve[best]), count_cell(best)]
+                         + [f"not by {count_cell(last)}" if u is None else count_cell(u) for u in reached])
+    if not lines:
+        return []
+    header = ["row", "seed", "validated to (updates)", "best valid BLEU so far", "best at (updates)"] + [
+        f"updates to {f:.0%}" for f in SPEED_FRACTIONS]
+    return (["Runs under way: not converged, so not in the table above; their validations as far as "
+             "they had trained when last collected. An update at which a run first reached X % is "
+             "final; \"not by N\" only says it had not by update N.", ""]
+            + markdown_table(header, lines) + [""])
 
 def budget_runs(runs: Runs) -> Runs:
     """The runs as they scored at the equal budget (runs without that evaluation left out)."""

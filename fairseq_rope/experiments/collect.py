@@ -22,7 +22,8 @@ file atomically, into ``docs/results/``:
   again at the equal budget (the same runs' average of their last 5 checkpoints
   up to the budget, and those of the runs still under way, recorded as soon as
   they scored it: ``eval-budget/run.json``), a convergence table (updates at convergence, updates to
-  95 % and 99 % of sinusoidal's converged valid BLEU) and
+  95 % and 99 % of sinusoidal's converged valid BLEU; for the runs under way, as far as they have
+  trained, :func:`~fairseq_rope.experiments.summary.record_progress`) and
   ``<scale>_valid_bleu.png``: valid BLEU against updates, mean and range over
   seeds per row.
 """
@@ -39,9 +40,17 @@ from fairseq_rope import base
 from fairseq_rope.base import portable
 from fairseq_rope.evaluation.significance_tables import References, bootstrap_table, seed_table
 from fairseq_rope.experiments import scaling_study
-from fairseq_rope.experiments.cells import BLEU_NOTE, budget_runs, convergence_table, main_table, runs_table
+from fairseq_rope.experiments.cells import (
+    BLEU_NOTE,
+    budget_runs,
+    convergence_table,
+    main_table,
+    progress_table,
+    runs_table,
+)
 from fairseq_rope.experiments.length_tables import length_against_full_data, length_table
 from fairseq_rope.experiments.plots import plot_bleu, plot_bleu_by_length, plot_valid_bleu, plot_valid_loss
+from fairseq_rope.experiments.summary import record_progress
 from fairseq_rope.experiments.table import (
     BASELINE,
     RECORDS,
@@ -137,7 +146,8 @@ def render_markdown(scale: Scale, runs: Runs, work_dir: Path, plots: Dict[str, P
         out += ["## Significance", ""] + significance_section(finished, work_dir, "###")
     if scale.equal_budget is not None:
         at_budget = budget_runs(runs)
-        out += ["## Convergence", ""] + convergence_table(finished) + ["", f"![valid BLEU]({plots['valid_bleu'].name})", ""]
+        out += ["## Convergence", ""] + convergence_table(finished) + [""] + progress_table(going, finished)
+        out += [f"![valid BLEU]({plots['valid_bleu'].name})", ""]
         out += [f"## The same runs at the equal budget ({scale.equal_budget} updates)", "",
                 f"Each run's average of its last 5 checkpoints up to update {scale.equal_budget}, "
                 "decoded and scored as above: the budget of the fixed-budget table, from the "
@@ -213,8 +223,11 @@ def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
     The runs of ``work_dir`` (finished, or under way at a converged scale) are saved as records
     in ``out_dir/runs/`` first, and the table is made from every record there.
     """
+    if scale.equal_budget is not None:  # the runs under way: how far they have trained since
+        for run in sorted(scale_dir(work_dir, scale).glob("*/seed*")):
+            record_progress(run)
     runs = scored_runs(work_dir, scale, out_dir / RECORDS)
-    finished, _ = split_under_way(runs)
+    finished, going = split_under_way(runs)
     plots = {"valid_loss": out_dir / f"{scale.name}_valid_loss.png",
              "bleu": out_dir / f"{scale.name}_bleu.png"}
     plot_valid_loss(scale, finished, plots["valid_loss"])
@@ -224,7 +237,7 @@ def collect(scale: Scale, work_dir: Path, out_dir: Path) -> List[Path]:
         plot_bleu_by_length(scale, finished, plots["bleu_by_length"])
     if scale.equal_budget is not None:
         plots["valid_bleu"] = out_dir / f"{scale.name}_valid_bleu.png"
-        plot_valid_bleu(scale, finished, plots["valid_bleu"])
+        plot_valid_bleu(scale, finished, plots["valid_bleu"], going)
     table = out_dir / f"{scale.name}.md"
     scaling = scaling_study.report_path(scale.name, out_dir).with_suffix(".json")
     base.write_text(table, render_markdown(scale, runs, work_dir, plots, out_dir / RECORDS / scale.name,

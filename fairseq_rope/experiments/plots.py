@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from fairseq_rope.evaluation.report import NOT_RUN, finish, new_axes, pyplot
-from fairseq_rope.experiments.cells import mean_std, valid_curve
+from fairseq_rope.experiments.cells import latest_valid_curve, mean_std, valid_curve
 from fairseq_rope.experiments.length_tables import length_buckets, per_bucket
 from fairseq_rope.experiments.table import ROWS, Runs, Scale
 
@@ -97,9 +97,10 @@ def _plot_per_bucket(ax: Any, runs: Runs, labels: Sequence[str], key: str, legen
                         label=name if legend else None, color=colors[name])
 
 
-def plot_valid_bleu(scale: Scale, runs: Runs, path: Path) -> None:
+def plot_valid_bleu(scale: Scale, runs: Runs, path: Path, going: Optional[Runs] = None) -> None:
     """Valid BLEU against updates per row: the mean over the seeds validated at each update, and
-    their range shaded; a vertical line at the equal budget."""
+    their range shaded; each run still under way (``going``) dotted, as far as it has trained; a
+    vertical line at the equal budget."""
     fig, ax = new_axes()
     colors = _row_colors()
     for name in ROWS:
@@ -112,10 +113,16 @@ def plot_valid_bleu(scale: Scale, runs: Runs, path: Path) -> None:
                 label=f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
         ax.fill_between(updates, [min(p) for p in points], [max(p) for p in points],
                         color=colors[name], alpha=0.2, linewidth=0)
+    for name, rs in (going or {}).items():
+        for r in rs:
+            curve = latest_valid_curve(r)
+            ax.plot(sorted(curve), [curve[u] for u in sorted(curve)], color=colors[name], linestyle=":",
+                    label=f"{name} seed {r['seed']}, under way")
     if scale.equal_budget is not None:
         ax.axvline(scale.equal_budget, color="gray", linestyle="--")
         ax.text(scale.equal_budget, 0.02, " equal budget", transform=ax.get_xaxis_transform(),
                 color="gray", fontsize="small")
-    finish(fig, ax, path, any(r.get("valid_bleu") for rs in runs.values() for r in rs), xlabel="update",
+    shown = [r for group in (runs, going or {}) for rs in group.values() for r in rs]
+    finish(fig, ax, path, any(r.get("valid_bleu") for r in shown), xlabel="update",
            ylabel="valid BLEU (sacreBLEU, single checkpoint)",
            title=f"Valid BLEU against updates, scale {scale.name} (mean; shaded: range over seeds)")

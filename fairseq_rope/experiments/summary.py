@@ -1,5 +1,6 @@
 """A run's summary, ``eval/run.json``: what the table knows of a run (and, at a converged
-scale, ``eval-budget/run.json``: the run as it stood at its equal budget, :func:`summarize_budget`).
+scale, ``eval-budget/run.json``: the run as it stood at its equal budget, :func:`summarize_budget`,
+and how far it has trained since, :func:`record_progress`).
 
 Written by :func:`summarize_run` from the run's training log, its ``command.txt``, its
 evaluations' ``results.json`` and the averaged checkpoint, after each step of
@@ -111,6 +112,29 @@ def summarize_budget(
     base.write_json(budget_summary_path(save_dir), summary)
     return summary
 
+
+def record_progress(save_dir: Path) -> Optional[Dict[str, Any]]:
+    """Add to the ``eval-budget/run.json`` of a run still under way (:data:`UNDER_WAY`) how far it
+    has trained since: under ``progress``, its last logged update and every validation to date,
+    read from its log (``collect`` does this before it records the run). Which update a run first
+    reached a valid BLEU at is final once seen, so a run cut off before it converges (a session's
+    end on a machine that does not keep its files) keeps what it showed of its convergence speed.
+    Returns the progress written, or None for a run that is finished or not yet past its budget."""
+    path = budget_summary_path(save_dir)
+    if summary_path(save_dir).is_file() or not path.is_file():
+        return None
+    summary = _read_json(path)
+    log = read_train_log(save_dir)
+    if log.num_updates is None or log.num_updates <= summary["num_updates"]:
+        return None
+    summary["progress"] = {
+        "num_updates": log.num_updates,
+        "valid_bleu": _curve(log.valid_bleu),
+        "valid_loss": _curve(log.valid_loss),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    base.write_json(path, summary)
+    return summary["progress"]
 
 def _identity(row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, extra: Sequence[str],
               model_state: Mapping[str, Any], log: TrainLog, previous: Path) -> Dict[str, Any]:

@@ -873,6 +873,43 @@ def test_a_run_under_way_counts_at_the_equal_budget_only_and_never_replaces_its_
     assert going.is_dir()
 
 
+
+def valid_lines(curve: Dict[int, float]) -> str:
+    """fairseq-train's validation lines (--eval-bleu) for a curve."""
+    return "".join(f"2026-01-01 00:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 5.0 "
+                   f"| bleu {b} | num_updates {u}\n" for u, b in sorted(curve.items()))
+
+
+def test_a_run_under_way_records_how_far_it_has_trained_and_its_convergence_speed_so_far(tmp_path):
+    """What a run under way showed past its budget is kept in its record: a session's end on a
+    machine that forgets its files cannot take the updates it took to reach 95 % away."""
+    work, out, reference, good = converged_scale_files(tmp_path)
+    sinusoidal = {199 * k: 4.0 * k for k in range(1, 11)}  # converged valid BLEU 40.0 at 1990
+    write_converged_run(work, "sinusoidal", 1, 40.0, 35.0, sinusoidal, 1990, good, good, reference)
+    budget = {199 * k: round(4.2 * k, 1) for k in range(1, 10)}  # 37.8 at 1791: not yet 95 % (38.0)
+    going = write_under_way_run(work, "rope", 2, 39.0, budget, good, reference)
+    (going / "train.log").write_text(valid_lines(budget))
+    collect.collect(SCALES["multi30k-converged"], work, out)  # not past its budget: nothing to add
+    record = out / "runs" / "multi30k-converged" / "rope" / "seed2" / "run.json"
+    assert "progress" not in json.loads(record.read_text())
+    table = (out / "multi30k-converged.md").read_text().split("Runs under way")[1]
+    assert table_line(table, "rope") == "| rope | 2 | 1,791 | 37.80 | 1,791 | not by 1,791 | not by 1,791 |"
+    # It trains on to 2587 (38.5 at 1990: 95 %; never 99 %, 39.6) and the session ends.
+    later = {**budget, 1990: 38.5, 2189: 38.0, 2388: 39.0, 2587: 38.9}
+    (going / "train.log").write_text(valid_lines(later))
+    collect.collect(SCALES["multi30k-converged"], work, out)
+    kept = json.loads(record.read_text())
+    assert under_way(kept) and kept["num_updates"] == 1791 and kept["valid_bleu"][-1] == [1791, 37.8]
+    assert kept["progress"]["num_updates"] == 2587 and kept["progress"]["valid_bleu"][-1] == [2587, 38.9]
+    shutil.rmtree(work / "multi30k-converged" / "rope")  # the machine forgets the run
+    collect.collect(SCALES["multi30k-converged"], work, out)
+    md = (out / "multi30k-converged.md").read_text()
+    convergence = md.split("## Convergence")[1].split("## The same runs")[0]
+    assert table_line(convergence.split("Runs under way")[0], "rope").startswith("| rope | not run |")
+    assert table_line(convergence.split("Runs under way")[1], "rope") == (
+        "| rope | 2 | 2,587 | 39.00 | 2,388 | 1,990 | not by 2,587 |")
+
+
 def test_a_row_trained_at_uneven_speed_is_marked_in_tokens_per_second_and_wall_time():
     """A shared CPU (or a resume elsewhere) shows as epochs of very different speed: the row's speed
     cells say so, and the table says why, rather than pass the slowdown off as the model's cost."""
