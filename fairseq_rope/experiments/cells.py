@@ -328,6 +328,7 @@ def progress_table(going: Runs, finished: Runs) -> List[str]:
              "final; \"not by N\" only says it had not by update N.", ""]
             + markdown_table(header, lines) + [""])
 
+
 def budget_runs(runs: Runs) -> Runs:
     """The runs as they scored at the equal budget (runs without that evaluation left out)."""
     return {name: [at_equal_budget(r) for r in rs if r.get("equal_budget")] for name, rs in runs.items()}

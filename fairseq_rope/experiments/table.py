@@ -257,6 +257,12 @@ def under_way(run: Mapping[str, Any]) -> bool:
     return run.get("stage") == UNDER_WAY
 
 
+def trained_to(run: Mapping[str, Any]) -> int:
+    """The update a run's summary knows it trained to: a run under way's ``progress`` past its
+    budget (:func:`~fairseq_rope.experiments.summary.record_progress`), else its own."""
+    return (run.get("progress") or run)["num_updates"]
+
+
 def split_under_way(runs: Runs) -> Tuple[Runs, Runs]:
     """(the finished runs, the runs under way), each by row in seed order."""
     return ({name: [r for r in rs if not under_way(r)] for name, rs in runs.items()},
@@ -309,12 +315,15 @@ def shown_path(path: PathLike) -> str:
 def save_record(run: Path, record: Path) -> None:
     """What a table needs of a run, kept apart from its checkpoints: its newest ``run.json``,
     ``command.txt`` and the detokenized test hypotheses (gzipped) for significance tests.
-    A finished record is never replaced by the same run's record under way (the run started
-    again elsewhere: its equal budget scores are those the finished record already has)."""
+    A finished record is never replaced by the same run's record under way, nor a record under
+    way by one that has trained less far (the run started again elsewhere: its equal budget
+    scores are those the record already has, and it retraces the validations the record holds)."""
     summary = newest_summary(run)
     kept = record / RUN_SUMMARY
-    if summary == budget_summary_path(run) and kept.is_file() and not under_way(_read_summary(kept)):
-        return
+    if summary == budget_summary_path(run) and kept.is_file():
+        theirs = _read_summary(kept)
+        if not under_way(theirs) or trained_to(theirs) > trained_to(_read_summary(summary)):
+            return
     record.mkdir(parents=True, exist_ok=True)
     for source in (summary, run / "command.txt"):
         if source is not None and source.is_file():

@@ -908,6 +908,15 @@ def test_a_run_under_way_records_how_far_it_has_trained_and_its_convergence_spee
     assert table_line(convergence.split("Runs under way")[0], "rope").startswith("| rope | not run |")
     assert table_line(convergence.split("Runs under way")[1], "rope") == (
         "| rope | 2 | 2,587 | 39.00 | 2,388 | 1,990 | not by 2,587 |")
+    # Started again from scratch on the next machine: the record keeps the further trajectory
+    # until the new run passes it.
+    write_under_way_run(work, "rope", 2, 39.0, budget, good, reference)
+    (going / "train.log").write_text(valid_lines({**budget, 1990: 38.5}))
+    collect.collect(SCALES["multi30k-converged"], work, out)
+    assert json.loads(record.read_text())["progress"]["num_updates"] == 2587
+    (going / "train.log").write_text(valid_lines({**later, 2786: 39.7}))
+    collect.collect(SCALES["multi30k-converged"], work, out)
+    assert json.loads(record.read_text())["progress"]["num_updates"] == 2786
 
 
 def test_a_row_trained_at_uneven_speed_is_marked_in_tokens_per_second_and_wall_time():
