@@ -136,6 +136,7 @@ def record_progress(save_dir: Path) -> Optional[Dict[str, Any]]:
     base.write_json(path, summary)
     return summary["progress"]
 
+
 def _identity(row: Row, scale: Scale, seed: int, save_dir: Path, config: Path, extra: Sequence[str],
               model_state: Mapping[str, Any], log: TrainLog, previous: Path) -> Dict[str, Any]:
     """What a run is and what it trained with, whatever stage it is recorded at (``previous``: the
