@@ -23,6 +23,7 @@ from fairseq_rope.experiments.table import (
     Scale,
     at_equal_budget,
     config_name,
+    latest_state,
     shown_path,
 )
 
@@ -257,15 +258,14 @@ def _optional(value: Optional[float]) -> str:
 SPEED_FRACTIONS = (0.95, 0.99)
 
 
-def valid_curve(run: Dict[str, Any]) -> Dict[int, float]:
+def valid_curve(run: Mapping[str, Any]) -> Dict[int, float]:
     """A run's valid BLEU by update (``--eval-bleu``, single checkpoints)."""
     return {int(u): float(b) for u, b in run.get("valid_bleu") or []}
 
 
-def latest_valid_curve(run: Dict[str, Any]) -> Dict[int, float]:
-    """A run's valid BLEU as far as it is known: a run under way's ``progress`` past its budget
-    (:func:`~fairseq_rope.experiments.summary.record_progress`), else its own curve."""
-    return valid_curve(run.get("progress") or run)
+def latest_valid_curve(run: Mapping[str, Any]) -> Dict[int, float]:
+    """A run's valid BLEU as far as it is known (:func:`~fairseq_rope.experiments.table.latest_state`)."""
+    return valid_curve(latest_state(run))
 
 
 def baseline_converged_bleu(runs: Runs) -> Optional[float]:

@@ -257,10 +257,15 @@ def under_way(run: Mapping[str, Any]) -> bool:
     return run.get("stage") == UNDER_WAY
 
 
+def latest_state(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The furthest a run's summary knows it: a run under way's ``progress`` past its budget
+    (:func:`~fairseq_rope.experiments.summary.record_progress`), else the summary itself."""
+    return run.get("progress") or run
+
+
 def trained_to(run: Mapping[str, Any]) -> int:
-    """The update a run's summary knows it trained to: a run under way's ``progress`` past its
-    budget (:func:`~fairseq_rope.experiments.summary.record_progress`), else its own."""
-    return (run.get("progress") or run)["num_updates"]
+    """The update a run's summary knows it trained to (:func:`latest_state`)."""
+    return latest_state(run)["num_updates"]
 
 
 def split_under_way(runs: Runs) -> Tuple[Runs, Runs]:
