@@ -321,8 +321,9 @@ def save_record(run: Path, record: Path) -> None:
     """What a table needs of a run, kept apart from its checkpoints: its newest ``run.json``,
     ``command.txt`` and the detokenized test hypotheses (gzipped) for significance tests.
     A finished record is never replaced by the same run's record under way, nor a record under
-    way by one that has trained less far (the run started again elsewhere: its equal budget
-    scores are those the record already has, and it retraces the validations the record holds)."""
+    way by one that has trained less far (the run started again on a fresh machine: the record
+    keeps the further trajectory whole, its budget scores and validations from one run; on
+    another CPU a restart's floating point, and so its scores, differ slightly)."""
     summary = newest_summary(run)
     kept = record / RUN_SUMMARY
     if summary == budget_summary_path(run) and kept.is_file():
