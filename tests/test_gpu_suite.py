@@ -82,21 +82,22 @@ def test_a_step_that_fails_or_times_out_is_reported_and_the_next_steps_still_run
     *profile_step.py*) mkdir -p "$OUT_DIR/benchmarks" && touch "$OUT_DIR/benchmarks/profile-base-x-$RANDOM.md" ;;
 esac""")
     out, state = tmp_path / "out", tmp_path / "state"
+    install_box, test_box = 4, 2
     docs = set((REPO / "docs" / "benchmarks").iterdir())
     try:
         run = suite("--step", "install", "--step", "test", "--step", "benchmark", "--step", "profile",
-                    "--dtypes", "fp32", "--limit", "install=4", "--limit", "test=2", "--out", str(out),
-                    "--state", str(state), PYTHON=str(fake))
+                    "--dtypes", "fp32", "--limit", f"install={install_box}", "--limit", f"test={test_box}",
+                    "--out", str(out), "--state", str(state), PYTHON=str(fake))
     finally:  # the profile step copies its report into docs/benchmarks: leave the checkout as it was
         for path in set((REPO / "docs" / "benchmarks").iterdir()) - docs:
             path.unlink()
     log = (out / "suite.log").read_text()
     assert run.returncode == 1, log
-    # The test step's box is its own 2 s plus what install left of its 4 (whole seconds: a step
+    # The test step's box is its own plus what install left of its own (whole seconds: a step
     # that crosses a second boundary took 1 s, however short it was).
     installed = re.search(r"install: done in (\d+) s", log)
-    assert installed and int(installed[1]) < 4, log
-    limit = 2 + 4 - int(installed[1])
+    assert installed and int(installed[1]) < install_box, log
+    limit = test_box + install_box - int(installed[1])
     assert re.search(rf"test: timed out after ({limit}|{limit + 1}) s \(limit {limit} s\); the next steps run all the "
                      "same", log), log
     assert re.search(r"benchmark: failed \(exit 3, after \d+ s\); the next steps run all the same", log), log
