@@ -24,11 +24,12 @@ reduces to −m_h·(i − j). Cross-attention has no bias.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.position_encoding import PositionEncoding
 
 
@@ -43,12 +44,6 @@ def alibi_slopes(num_heads: int) -> Tuple[float, ...]:
     return tuple(slopes)
 
 
-# The last bias built (see AlibiBias.logit_bias): every layer of an encoder or decoder
-# asks for the same one in a forward pass. One (key, bias) tuple, read once and replaced
-# whole: a thread never pairs its key with another thread's bias.
-_last_bias: Tuple[Any, Any] = (None, None)
-
-
 class AlibiBias(PositionEncoding):
     """ALiBi as a position encoding: a logit bias per head, no parameters, no buffers."""
 
@@ -60,20 +55,17 @@ class AlibiBias(PositionEncoding):
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
 
-    def logit_bias(self, q: Tensor, offset: int, src_len: int) -> Optional[Tensor]:
-        """−m_h·|i − j|, (H, T, S): Press et al.'s bias, joining the scaled scores."""
-        tgt_len = q.size(-2)
-        key = (tgt_len, src_len, offset, self.slopes, q.dtype, q.device,
-               torch.is_inference_mode_enabled())
-        global _last_bias
-        last_key, last = _last_bias
-        if last_key == key:
-            return last
+    def logit_bias(self, q: Tensor, context: PositionContext, src_len: int) -> Optional[Tensor]:
+        """−m_h·|i − j|, (H, T, S): Press et al.'s bias, joining the scaled scores; made once per
+        pass (every layer has the same slopes and positions)."""
+        tgt_len, dtype, device = q.size(-2), q.dtype, q.device
+        key = ("alibi", self.slopes, tgt_len, src_len, dtype, device, torch.is_inference_mode_enabled())
+        return context.shared(key, lambda: self._bias(context.offset, tgt_len, src_len, dtype, device))
+
+    def _bias(self, offset: int, tgt_len: int, src_len: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         # Distances and slopes in fp64, rounded once to q's dtype.
-        queries = torch.arange(offset, offset + tgt_len, device=q.device, dtype=torch.float64)
-        keys = torch.arange(src_len, device=q.device, dtype=torch.float64)
+        queries = torch.arange(offset, offset + tgt_len, device=device, dtype=torch.float64)
+        keys = torch.arange(src_len, device=device, dtype=torch.float64)
         distance = (keys[None, :] - queries[:, None]).abs()  # (T, S)
-        slopes = torch.tensor(self.slopes, dtype=torch.float64, device=q.device)
-        bias = (-slopes[:, None, None] * distance).to(q.dtype)
-        _last_bias = (key, bias)
-        return bias
+        slopes = torch.tensor(self.slopes, dtype=torch.float64, device=device)
+        return (-slopes[:, None, None] * distance).to(dtype)

@@ -5,7 +5,13 @@
 self-attention forward that calls a position encoding between the q/k
 projections and the key cache. The cache therefore holds keys that are already
 rotated, and each decoding step rotates only its new query and key, at the
-offset given by the cached length.
+position its :class:`~fairseq_rope.position_context.PositionContext` gives.
+
+Two paths: a whole sequence (SDPA, or the explicit softmax where the weights or
+the encoding need the probabilities) and a decoding step (one query: the
+explicit softmax, its q already scaled where the encoding folds 1/√d into its
+rotation). Both project through :meth:`_encoded_qkv`, append to the cache
+through :meth:`_extend_cache` and share :meth:`_attend_explicitly`.
 
 fairseq's own forward is not reused for this path on purpose: its fast path
 hands the raw projection weights to ``F.multi_head_attention_forward`` (or
@@ -21,6 +27,8 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
+from fairseq_rope.position_context import PositionContext
+from fairseq_rope.position_context import current as current_position_context
 from fairseq_rope.position_encoding import PositionEncoding
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -114,27 +122,35 @@ class PositionalMultiheadAttention(MultiheadAttention):
         return self._packed
 
     def _encoded_qkv(
-        self, query: Tensor, bsz: int, packed: Optional[Tuple[Tensor, Tensor]], offset: int
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        """q, k, v as (B, H, T, D), q and k encoded: one matmul with the packed weights if given
-        (with gradients through :class:`_PackedLinear`), else three."""
-        encoding = self._modules["position_encoding"]
+        self, query: Tensor, context: PositionContext, step: bool
+    ) -> Tuple[Tensor, Tensor, Tensor, float]:
+        """q, k, v as (B, H, T, D), q and k encoded, and the factor that still scales q: one matmul
+        with the packed weights (with gradients through :class:`_PackedLinear`), else three. A
+        decoding step of a q/k-only encoding takes q, k and v of its one position in one call that
+        also scales q by 1/√d."""
+        tgt_len, bsz, _ = query.size()
+        encoding: PositionEncoding = self._modules["position_encoding"]  # (no nn.Module.__getattr__ per step)
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        grad = torch.is_grad_enabled()
-        if packed is not None and grad and (
+        packed = self._packed_projection()
+        if packed is not None and torch.is_grad_enabled() and (
             torch.is_autocast_enabled() or any(p._forward_pre_hooks or p._forward_hooks for p in projections)
         ):
             packed = None  # autocast casts inside the matmul; hooks want their module calls
         if packed is None:
-            q, k, v = (self._split_heads(_project(p, query), bsz) for p in projections)
-            q, k = encoding.encode_qk(q, k, offset)
-            return q, k, v
-        if grad:
+            q, k, v = (x.view(tgt_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+                       for x in (_project(p, query) for p in projections))
+            q, k = encoding.encode_qk(q, k, context)
+            return q, k, v, self.scaling
+        if torch.is_grad_enabled():
             qkv = _PackedLinear.apply(query, *packed, *(p.weight for p in projections),
                                       *(p.bias for p in projections if p.bias is not None))
         else:
             qkv = F.linear(query, *packed)  # (T, B, 3C)
-        return encoding.encode_qkv(qkv.view(-1, bsz, 3, self.num_heads, self.head_dim), offset)
+        if step and encoding.qk_only:
+            q, k, v = encoding.encode_step(qkv.view(bsz, 3, self.num_heads, self.head_dim), context, self.scaling)
+            return q[:, :, None], k[:, :, None], v[:, :, None], 1.0
+        q, k, v = encoding.encode_qkv(qkv.view(tgt_len, bsz, 3, self.num_heads, self.head_dim), context)
+        return q, k, v, self.scaling
 
     def forward(
         self,
@@ -156,6 +172,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
         tensor is refused rather than silently ignored. fairseq's layers pass
         ``key=x, value=x`` (encoder) and ``key=y, value=y`` with ``y = x``
         (decoder without cross_self_attention, which the models refuse).
+
+        The positions come from the forward's :class:`PositionContext`, which the
+        model binds (:mod:`fairseq_rope.position_context`); called on its own, the
+        module makes one: the queries follow the cached keys.
         """
         if static_kv or before_softmax:
             raise ValueError(
@@ -170,99 +190,58 @@ class PositionalMultiheadAttention(MultiheadAttention):
                     f"{tuple(tensor.shape)} (query {tuple(query.shape)})"
                 )
         need_weights = need_weights or need_head_weights
-        packed = self._packed_projection()
+        saved_state = None if incremental_state is None else self._get_input_buffer(incremental_state)
+        context = current_position_context()
+        if context is None:
+            context = PositionContext(saved_state["prev_key"].size(2) if saved_state and "prev_key" in saved_state
+                                      else 0)
         if torch.is_grad_enabled():
-            return self._attend(query, packed, key_padding_mask, incremental_state, need_weights, attn_mask,
-                                need_head_weights)
+            return self._attend(query, context, incremental_state, saved_state, key_padding_mask, attn_mask,
+                                need_weights, need_head_weights)
         # No gradient wanted (decoding): inference mode drops the autograd
         # bookkeeping of the dozen small ops and views of a step. The results
         # (and cached keys) are inference tensors, which fairseq only reads.
         with torch.inference_mode():
-            # (Submodules read through _modules: nn.Module.__getattr__ costs at every step.)
-            if (incremental_state is not None and not need_weights and attn_mask is None
-                    and self._modules["position_encoding"].qk_only
-                    and packed is not None and query.size(0) == 1 and not self._dropout_p()):
-                return self._decoding_step(query, packed, incremental_state, key_padding_mask), None
-            return self._attend(query, packed, key_padding_mask, incremental_state, need_weights, attn_mask,
-                                need_head_weights)
-
-    def _decoding_step(
-        self,
-        query: Tensor,
-        packed: Tuple[Tensor, Optional[Tensor]],
-        incremental_state: IncrementalState,
-        key_padding_mask: Optional[Tensor],
-    ) -> Tensor:
-        """A beam-search step (one new position per hypothesis, an encoding of q
-        and k only, no weights wanted): what :meth:`_attend` computes, in fewer
-        ops. q and k are encoded in one call that also applies the 1/√d scaling,
-        padding is filled in directly, and a single query's output already lies
-        in (1, B, C) order for the output projection."""
-        bsz = query.size(1)
-        qkv = F.linear(query, *packed).view(bsz, 3, self.num_heads, self.head_dim)
-        saved_state = self._get_input_buffer(incremental_state)
-        offset = saved_state["prev_key"].size(2) if "prev_key" in saved_state else 0
-        q, k, v = self.position_encoding.encode_step(qkv, offset, self.scaling)
-        k, v, key_padding_mask = self._extend_cache(
-            incremental_state, saved_state, k[:, :, None], v[:, :, None], key_padding_mask, bsz
-        )
-        # Heads folded into the batch: bmm, without matmul's broadcasting work.
-        q = q.reshape(-1, 1, self.head_dim)  # (B·H, 1, D)
-        logits = torch.bmm(q, k.flatten(0, 1).transpose(1, 2))  # (B·H, 1, S)
-        if key_padding_mask is not None:
-            padding = key_padding_mask.to(torch.bool)[:, None, None, :]
-            logits = logits.view(bsz, self.num_heads, 1, -1).masked_fill(padding, float("-inf")).flatten(0, 1)
-        out = torch.bmm(_softmax(logits), v.flatten(0, 1))  # (B·H, 1, D)
-        return _project(self.out_proj, out.view(1, bsz, self.embed_dim))
+            return self._attend(query, context, incremental_state, saved_state, key_padding_mask, attn_mask,
+                                need_weights, need_head_weights)
 
     def _attend(
         self,
         query: Tensor,
-        packed: Optional[Tuple[Tensor, Optional[Tensor]]],
-        key_padding_mask: Optional[Tensor],
+        context: PositionContext,
         incremental_state: Optional[IncrementalState],
-        need_weights: bool,
+        saved_state: Optional[Dict[str, Optional[Tensor]]],
+        key_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor],
+        need_weights: bool,
         need_head_weights: bool,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         tgt_len, bsz, _ = query.size()
-        saved_state = None
-        offset = 0
+        encoding: PositionEncoding = self._modules["position_encoding"]
+        step = incremental_state is not None and tgt_len == 1  # a beam-search step: one position
+        q, k, v, q_scale = self._encoded_qkv(query, context, step)
         if incremental_state is not None:
-            saved_state = self._get_input_buffer(incremental_state)
-            if "prev_key" in saved_state:
-                offset = saved_state["prev_key"].size(2)
-        encoding = self.position_encoding
-        q, k, v = self._encoded_qkv(query, bsz, packed, offset)
-
-        if saved_state is not None:
-            k, v, key_padding_mask = self._extend_cache(
-                incremental_state, saved_state, k, v, key_padding_mask, bsz
-            )
-
-        mask = _MASKS.additive(attn_mask, key_padding_mask, q.dtype)
-        bias = encoding.logit_bias(q, offset, k.size(2))
-        if bias is not None:  # a term of the scaled logits, as the masks are
-            mask = bias if mask is None else bias + mask
-        # A decoding step's single query gains nothing from a fused kernel, and
-        # on CPU SDPA takes twice as long as two matmuls there (measured).
-        if need_weights or encoding.needs_probabilities or tgt_len == 1:
-            out, weights = self._attend_explicitly(q, k, v, mask, offset)
-            if not need_weights:
-                weights = None
-            elif not need_head_weights:
-                weights = weights.mean(dim=1)
-            else:
-                weights = weights.transpose(0, 1)
+            k, v, key_padding_mask = self._extend_cache(incremental_state, saved_state, k, v, key_padding_mask, bsz)
+        if step:  # each step's cached padding differs: its own mask
+            mask = additive_mask(attn_mask, key_padding_mask, q.dtype)
+        else:  # every layer of a pass has the same masks: built once
+            mask = context.shared(("additive mask", q.dtype, torch.is_inference_mode_enabled()),
+                                  lambda: additive_mask(attn_mask, key_padding_mask, q.dtype))
+        if step or need_weights or encoding.needs_probabilities:
+            out, weights = self._attend_explicitly(q, k, v, mask, context, q_scale, need_weights)
+            if weights is not None:
+                weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         else:
-            out, weights = self._attend_fused(q, k, v, mask), None
-
-        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
+            bias = encoding.logit_bias(q, context, k.size(2))
+            if bias is not None:  # a term of the scaled logits, as the masks are
+                mask = bias if mask is None else bias + mask
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self._dropout_p(),
+                                                 scale=self.scaling)
+            weights = None
+        # A single query's output already lies in (1, B, C) order for out_proj: no permute copy.
+        out = out.view(1, bsz, self.embed_dim) if tgt_len == 1 else (
+            out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim))
         return _project(self.out_proj, out), weights
-
-    def _split_heads(self, x: Tensor, bsz: int) -> Tensor:
-        """(T, B, C) → (B, H, T, D)."""
-        return x.view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     def _extend_cache(
         self,
@@ -298,25 +277,32 @@ class PositionalMultiheadAttention(MultiheadAttention):
         dropout = self._modules["dropout_module"]
         return dropout.p if self.training or dropout.apply_during_inference else 0.0
 
-    def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self._dropout_p(), scale=self.scaling
-        )
-
     def _attend_explicitly(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], offset: int
-    ) -> Tuple[Tensor, Tensor]:
-        """Softmax attention that also returns the per-head weights (B, H, T, S)."""
-        logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], context: PositionContext, q_scale: float,
+        need_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Softmax attention that materializes the probabilities: for a decoding step (one query:
+        two small matmuls beat a fused kernel), for the weights when asked, and for encodings that
+        need the probabilities. q, k, v: (B, H, T or S, D), q times ``q_scale`` is the scaled query;
+        returns the output (B, H, T, D) and, when asked, the per-head weights (B, H, T, S)."""
+        encoding = self._modules["position_encoding"]
+        bsz, heads, tgt_len, head_dim = q.shape
+        src_len = k.size(2)
+        # Heads folded into the batch: bmm, without matmul's broadcasting work.
+        scaled = q * q_scale if q_scale != 1.0 else q
+        logits = torch.bmm(scaled.reshape(-1, tgt_len, head_dim), k.reshape(-1, src_len, head_dim).transpose(1, 2))
+        bias = encoding.logit_bias(q, context, src_len)  # an encoding that has one never folds q_scale
+        if bias is not None:
+            mask = bias if mask is None else bias + mask
         if mask is not None:
-            logits = logits + mask
+            logits = (logits.view(bsz, heads, tgt_len, src_len) + mask).view(-1, tgt_len, src_len)
         weights = _softmax(logits)
-        probs = self.dropout_module(weights) if self._dropout_p() else weights
-        out = torch.matmul(probs, v)
-        value_term = self.position_encoding.value_term(probs, offset)
+        probs = self._modules["dropout_module"](weights) if self._dropout_p() else weights
+        out = torch.bmm(probs, v.reshape(-1, src_len, head_dim)).view(bsz, heads, tgt_len, head_dim)
+        value_term = encoding.value_term(probs.view(bsz, heads, tgt_len, src_len), context)
         if value_term is not None:
             out = out + value_term
-        return out, weights
+        return out, weights.view(bsz, heads, tgt_len, src_len) if need_weights else None
 
 
 class _PackedLinear(torch.autograd.Function):
@@ -378,34 +364,6 @@ def additive_mask(
         base = mask if mask is not None else torch.zeros((), dtype=dtype, device=padding.device)
         mask = base.masked_fill(padding, float("-inf"))
     return mask
-
-
-class _LastMask:
-    """:func:`additive_mask` of the last masks seen. Every layer of an encoder or
-    decoder gets the same mask tensors in one forward pass: the first builds the
-    additive mask, the others reuse it. Identity, not equality, decides (the
-    references held keep the tensors alive, so an identity cannot be recycled);
-    a mask built in inference mode is an inference tensor, kept apart. The inputs
-    and their mask are one tuple, read once and replaced whole, so a thread never
-    pairs its inputs with another thread's mask."""
-
-    def __init__(self) -> None:
-        self.entry: Tuple[Tuple[object, ...], Optional[Tensor]] = ((object(),) * 4, None)  # matches no call
-
-    def additive(
-        self, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], dtype: torch.dtype
-    ) -> Optional[Tensor]:
-        if attn_mask is None and key_padding_mask is None:
-            return None
-        inputs = (attn_mask, key_padding_mask, dtype, torch.is_inference_mode_enabled())
-        last_inputs, mask = self.entry
-        if any(a is not b for a, b in zip(last_inputs, inputs)):
-            mask = additive_mask(attn_mask, key_padding_mask, dtype)
-            self.entry = (inputs, mask)
-        return mask
-
-
-_MASKS = _LastMask()
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:

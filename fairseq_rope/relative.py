@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.position_encoding import PositionEncoding
 
 DEFAULT_MAX_DISTANCE = 16
@@ -102,13 +103,17 @@ class RelativePositionEncoding(PositionEncoding):
     def _table(self, name: str, dtype: torch.dtype) -> Tensor:
         return getattr(self, name).weight.to(dtype)  # fp16/bf16 activations: compute in their dtype
 
-    def _buckets(self, like: Tensor, src_len: int, offset: int) -> Tensor:
-        """Bucket indices expanded to (B, H, T, S) for gather/scatter along the last dim."""
+    def _buckets(self, like: Tensor, src_len: int, context: PositionContext) -> Tensor:
+        """Bucket indices expanded to (B, H, T, S) for gather/scatter along the last dim; the
+        indices made once per pass (every layer asks for the same)."""
         batch, heads, tgt_len = like.shape[:3]
-        buckets = relative_buckets(tgt_len, src_len, offset, self.max_distance, like.device)
+        device = like.device
+        buckets = context.shared(
+            ("rpe buckets", tgt_len, src_len, self.max_distance, device),
+            lambda: relative_buckets(tgt_len, src_len, context.offset, self.max_distance, device))
         return buckets.expand(batch, heads, tgt_len, src_len)
 
-    def logit_bias(self, q: Tensor, offset: int, src_len: int) -> Optional[Tensor]:
+    def logit_bias(self, q: Tensor, context: PositionContext, src_len: int) -> Optional[Tensor]:
         # q_i · w^K_r for the 2k+1 distances r, then each (i, j) picks its own:
         # O(T·(2k+1)·d) instead of materializing a^K_ij, O(T·S·d).
         w = self._table("key_embeddings", q.dtype)
@@ -119,13 +124,13 @@ class RelativePositionEncoding(PositionEncoding):
             # sentence (~60× slower for a 640-sentence decoding step on CPU, measured).
             per_distance = torch.einsum("bhtd,hrd->bhtr", q, w)
         # Scaled per distance, before the gather: 2k+1 products per query, not S.
-        return (per_distance * self.scaling).gather(-1, self._buckets(q, src_len, offset))
+        return (per_distance * self.scaling).gather(-1, self._buckets(q, src_len, context))
 
-    def value_term(self, probs: Tensor, offset: int) -> Optional[Tensor]:
+    def value_term(self, probs: Tensor, context: PositionContext) -> Optional[Tensor]:
         # Σ_j α_ij w^V_clip(j−i): sum the probability mass per distance, then mix.
         # On CUDA scatter_add_ (and gather's backward) add atomically, in no fixed
         # order: not bitwise deterministic there (docs/design.md).
-        buckets = self._buckets(probs, probs.size(-1), offset)
+        buckets = self._buckets(probs, probs.size(-1), context)
         mass = probs.new_zeros(*probs.shape[:3], 2 * self.max_distance + 1)
         mass.scatter_add_(-1, buckets, probs)
         w = self._table("value_embeddings", probs.dtype)

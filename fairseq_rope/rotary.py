@@ -24,14 +24,17 @@ Two implementations, chosen per call by :class:`RotaryEmbedding`:
 
 * **fused** (:mod:`fairseq_rope.rotary_triton`): one Triton kernel rotates q and k
   together, forward and backward, straight from the packed projection, in fp32
-  registers, rounded once. The default for CUDA tensors in fp32/fp16/bf16 when
-  Triton imports; ``FAIRSEQ_ROPE_TRITON=0`` turns it off (``interpret``: also for
-  CPU tensors, under Triton's interpreter, which is how the tests run it).
+  registers, rounded once. The default for whole sequences of CUDA tensors in
+  fp32/fp16/bf16 when Triton imports; ``FAIRSEQ_ROPE_TRITON=0`` turns it off
+  (``interpret``: also for CPU tensors, under Triton's interpreter, which is how the
+  tests run it). A kernel that fails to compile or launch warns once and leaves the
+  process to PyTorch (:func:`_fall_back`).
 * **PyTorch** (this module): the reference, and the path on the CPU. A full pass
   goes through :func:`apply_rotary`: in the interleaved layout one complex multiply
   by the fp32 e^{imθ} (fp16/bf16 pairs rotated in fp32 and rounded once), in the
-  half layout four real kernels. A decoding step multiplies its q and k by
-  per-position multipliers that also carry the 1/√d of q (:meth:`RotaryEmbedding.encode_step`).
+  half layout four real kernels. A decoding step, on every device, multiplies its q and k
+  by per-position multipliers that also carry the 1/√d of q (:meth:`RotaryEmbedding.encode_step`):
+  one position's rotation is host time, which a kernel launch only adds to.
 
 For inputs longer than training, the frequencies can be scaled
 (:mod:`fairseq_rope.rope_scaling`): a fixed scale changes only the shared
@@ -42,14 +45,15 @@ rotates each sentence with its own.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
+import warnings
 from typing import Any, FrozenSet, Iterator, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.position_encoding import PositionEncoding
 from fairseq_rope.rope_scaling import RopeScaling
 from fairseq_rope.rotary_tables import (  # noqa: F401  (cos_sin, clear_cos_sin_cache, _TABLES: the cache's API)
@@ -61,12 +65,11 @@ from fairseq_rope.rotary_tables import (  # noqa: F401  (cos_sin, clear_cos_sin_
     cos_sin,
     cos_sin_table,
     inverse_frequencies,
+    member_tables,
     rotation_angles,
     sentence_cos_sin,
     step_multipliers,
 )
-
-logger = logging.getLogger(__name__)
 
 Layout = Literal["interleaved", "half"]
 LAYOUTS: Tuple[str, ...] = ("interleaved", "half")
@@ -116,10 +119,29 @@ def _load_fused(setting: str) -> Tuple[Any, FrozenSet[str]]:
         raise ValueError(f"{FUSED_VARIABLE}={setting!r}: use 0 (off), auto (the default) or interpret")
     try:
         from fairseq_rope import rotary_triton
-    except ImportError as error:  # Triton missing: the PyTorch path, which is exact too
-        logger.info("RoPE: the fused rotation needs Triton (%s): rotating with PyTorch", error)
+    except ImportError:  # Triton missing: the PyTorch path, which is exact too
         return None, frozenset()
     return rotary_triton, devices
+
+
+class FusedRotationFailed(RuntimeWarning):
+    """The fused rotation could not compile or launch here: the process rotates with PyTorch."""
+
+
+def _fall_back(error: Exception) -> None:
+    """The kernel failed to compile or launch (an old Triton without ``tl.split``, a GPU its compiler
+    does not know, a launch error): warn once, naming the cause, and rotate with PyTorch, which is
+    exact too, for the rest of the process. Misuse (the kernel's ValueError checks) and running out
+    of memory are not the kernel's failure: those propagate."""
+    global _fused
+    if isinstance(error, (ValueError, torch.OutOfMemoryError)):
+        raise error
+    _fused = (None, frozenset())
+    warnings.warn(
+        f"RoPE: the fused Triton rotation failed ({type(error).__name__}: {error}); rotating with PyTorch "
+        f"for the rest of this process. Set {FUSED_VARIABLE}=0 to skip the kernel from the start.",
+        FusedRotationFailed, stacklevel=3,
+    )
 
 
 def validate_rope_options(
@@ -260,16 +282,18 @@ class RotaryEmbedding(PositionEncoding):
 
     Holds only hyper-parameters (no parameters or buffers), so ``.half()``,
     ``.to(device)`` and checkpoints never touch it; cos/sin come from the
-    shared fp32-computed tables of :mod:`fairseq_rope.rotary_tables`. It has no
-    ``forward``: the attention calls :meth:`encode_qk` (or :meth:`encode_qkv`,
-    the packed projection of a full pass, and :meth:`encode_step`, a decoding
-    step), each through the fused kernel where it applies, else PyTorch.
+    shared fp32-computed tables of :mod:`fairseq_rope.rotary_tables`, and what
+    one forward pass reads of them is kept in its
+    :class:`~fairseq_rope.position_context.PositionContext`, so every layer of
+    the pass reuses it. It has no ``forward``: the attention calls
+    :meth:`encode_qkv` (the packed projection of a full pass; :meth:`encode_qk`
+    for separate q and k) and :meth:`encode_step` (a decoding step), through
+    the fused kernel where it applies, else PyTorch.
 
     ``scaling`` (:class:`~fairseq_rope.rope_scaling.RopeScaling`, None: the
     paper's RoPE) at a fixed scale only changes the tables' frequencies (and,
     for YaRN, multiplies q by 1/t); a dynamic one rotates each sentence at the
-    scale of its source length, which the model tells it before each forward
-    (:meth:`set_source_lengths`).
+    scale of its source length, ``context.source_lengths``.
     """
 
     def __init__(
@@ -294,7 +318,9 @@ class RotaryEmbedding(PositionEncoding):
         # A fixed scaling keys the shared tables; YaRN's temperature 1/t is folded into q.
         self._table_scaling = None if self.uses_source_lengths else scaling
         self._q_factor = 1.0 if scaling is None or scaling.dynamic else float(scaling.logit_factor(scaling.factor))
-        self.source_lengths: Optional[Tensor] = None
+        self._interleaved = layout == "interleaved"
+        # What a context's shared entries depend on besides the pass (every layer alike).
+        self._spec = ("rope", rope_dim, self.theta, layout, scaling, head_dim)
 
     def extra_repr(self) -> str:
         scaling = "" if self.scaling is None else f", scaling={self.scaling}"
@@ -303,102 +329,114 @@ class RotaryEmbedding(PositionEncoding):
             f"theta={self.theta:g}, layout={self.layout}{scaling}"
         )
 
-    def set_source_lengths(self, lengths: Optional[Tensor]) -> None:
-        self.source_lengths = lengths
-
-    def encode_qk(self, q: Tensor, k: Tensor, offset: int) -> Tuple[Tensor, Tensor]:
+    def encode_qk(self, q: Tensor, k: Tensor, context: PositionContext) -> Tuple[Tensor, Tensor]:
         """Rotate queries and keys (..., T, head_dim) at positions offset, offset+1, … (Eq. 34);
         with a dynamic scaling, (B, H, T, head_dim) with sentence b at its own scale."""
         kernels = fused_kernels(q) if q.dim() == 4 and q.shape == k.shape else None
         if kernels is not None:
-            cos, sin, start, factor = self._fused_angles(q, offset)
-            q, k = kernels.rotate_qk(q, k, cos, sin, start, self.layout == "interleaved", self._q_factor)
-            return (q * factor if factor is not None else q), k
+            try:
+                cos, sin, start, row_scale = self._fused_angles(q, context, q.size(0), q.size(-2))
+                return kernels.rotate_qk(q, k, cos, sin, start, self._interleaved, self._q_factor, row_scale=row_scale)
+            except Exception as error:
+                _fall_back(error)
+        return self._rotate_with_pytorch(q, k, context)
+
+    def _rotate_with_pytorch(self, q: Tensor, k: Tensor, context: PositionContext) -> Tuple[Tensor, Tensor]:
         if self.uses_source_lengths:
-            lengths = self._sentence_lengths(q)
-            cos, sin, factor = sentence_cos_sin(
-                self.scaling, lengths, q.size(-2), self.rope_dim, self.theta, q.dtype, offset
-            )
+            cos, sin, factor = self._sentence_angles(context, q, q.size(-2), q.dtype)
             q, k = _rotate_all((q, k), cos, sin, None, self.layout)
             return (q * factor if factor is not None else q), k
-        # One table lookup for both, and no module call: a decoding step is
+        # One table lookup per pass for every layer, and no module call: a decoding step is
         # all overhead, the tensors being a single position each.
-        cos, sin, cis = cached_angles(
-            q.size(-2), self.rope_dim, self.theta, q.device, q.dtype, offset, self._table_scaling
-        )
+        length, device, dtype = q.size(-2), q.device, q.dtype
+        cos, sin, cis = context.shared(
+            (self._spec, "angles", length, device, dtype, torch.is_inference_mode_enabled()),
+            lambda: cached_angles(length, self.rope_dim, self.theta, device, dtype, context.offset,
+                                  self._table_scaling))
         q, k = _rotate_all((q, k), cos, sin, cis, self.layout)
         if self._q_factor != 1.0:
             q = q * self._q_factor  # YaRN: softmax(q·k / (t·√d))
         return q, k
 
-    def encode_qkv(self, qkv: Tensor, offset: int) -> Tuple[Tensor, Tensor, Tensor]:
+    def encode_qkv(self, qkv: Tensor, context: PositionContext) -> Tuple[Tensor, Tensor, Tensor]:
         """The packed projection (T, B, 3, H, head_dim) as encoded q, k and v, each (B, H, T, head_dim)
         in SDPA's layout, by the fused kernel in one launch (its backward too); where the kernel
         does not apply, the heads are split (views) and rotated by :meth:`encode_qk`."""
         kernels = fused_kernels(qkv)
-        if kernels is None:
-            return super().encode_qkv(qkv, offset)
-        cos, sin, start, factor = self._fused_angles(qkv, offset, batch=qkv.size(1), length=qkv.size(0))
-        q, k, v = kernels.rotate_packed(qkv, cos, sin, start, self.layout == "interleaved", self._q_factor)
-        return (q * factor if factor is not None else q), k, v
+        if kernels is not None:
+            try:
+                cos, sin, start, row_scale = self._fused_angles(qkv, context, qkv.size(1), qkv.size(0))
+                return kernels.rotate_packed(qkv, cos, sin, start, self._interleaved, self._q_factor,
+                                             row_scale=row_scale)
+            except Exception as error:
+                _fall_back(error)
+        return super().encode_qkv(qkv, context)
 
     def _fused_angles(
-        self, x: Tensor, offset: int, batch: Optional[int] = None, length: Optional[int] = None
+        self, x: Tensor, context: PositionContext, batch: int, length: int
     ) -> Tuple[Tensor, Tensor, int, Optional[Tensor]]:
         """The fused kernel's fp32 cos and sin, the table row of the first position, and a per-sentence
-        factor of q (dynamic YaRN) or None. x: (B, H, T, ·) unless batch and length are given."""
-        batch = x.size(0) if batch is None else batch
-        length = x.size(-2) if length is None else length
+        scale of q (dynamic YaRN's 1/t, applied inside the kernel) or None."""
         if self.uses_source_lengths:
-            lengths = self._sentence_lengths(x, batch)
-            cos, sin, factor = sentence_cos_sin(
-                self.scaling, lengths, length, self.rope_dim, self.theta, torch.float32, offset
-            )  # (B, 1, T, d/2): each sentence's own table, from its first position
-            return cos[:, 0], sin[:, 0], 0, None if factor is None else factor.to(x.dtype)
-        table = cos_sin_table(self.rope_dim, self.theta, x.device, x.dtype, offset + length, self._table_scaling)
-        return table.cos_angle, table.sin_angle, offset, None
+            cos, sin, factor = self._sentence_angles(context, x, length, torch.float32, batch)
+            # (B, 1, T, d/2): each sentence's own table, from its first position.
+            cos, sin = cos[:, 0], sin[:, 0]
+            if self._interleaved:
+                cos, sin = context.shared((self._spec, "sentence members", length), lambda: member_tables(cos, sin))
+            return cos, sin, 0, None if factor is None else factor.view(-1)
+        device, dtype = x.device, x.dtype
+        table = context.shared(
+            (self._spec, "table", device, dtype, length),
+            lambda: cos_sin_table(self.rope_dim, self.theta, device, dtype, context.offset + length,
+                                  self._table_scaling))
+        cos, sin = table.members() if self._interleaved else (table.cos_angle, table.sin_angle)
+        return cos, sin, context.offset, None
 
-    def _sentence_lengths(self, q: Tensor, batch: Optional[int] = None) -> Tensor:
-        lengths = self.source_lengths
+    def _sentence_angles(
+        self, context: PositionContext, x: Tensor, length: int, dtype: torch.dtype, batch: Optional[int] = None
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """:func:`sentence_cos_sin` of the context's source lengths, once per pass."""
+        lengths = context.source_lengths
         if lengths is None:
             raise RuntimeError(
                 f"--rope-scaling {self.scaling.kind} scales each sentence by its source length, which a "
-                "transformer_rope encoder and decoder give their self-attention before each forward "
-                "(set_source_lengths); none was given"
+                "transformer_rope encoder and decoder put in the position context of each forward; this "
+                "self-attention ran without one (outside such a model, or recomputed after the forward)"
             )
-        if batch is None and q.dim() != 4 or lengths.shape != (q.size(0) if batch is None else batch,):
+        expected = x.size(0) if batch is None else batch
+        if (batch is None and x.dim() != 4) or lengths.shape != (expected,):
             raise RuntimeError(
-                f"{tuple(lengths.shape)} source lengths for queries of shape {tuple(q.shape)}: "
+                f"{tuple(lengths.shape)} source lengths for queries of shape {tuple(x.shape)}: "
                 "expected one per sentence of a (batch, heads, time, head_dim) tensor"
             )
-        return lengths
+        return context.shared(
+            (self._spec, "sentences", length, dtype, torch.is_inference_mode_enabled()),
+            lambda: sentence_cos_sin(self.scaling, lengths, length, self.rope_dim, self.theta, dtype, context.offset))
 
-    def encode_step(self, qkv: Tensor, offset: int, q_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    def encode_step(self, qkv: Tensor, context: PositionContext, q_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
         """A decoding step's q, k and v, each (B, H, head_dim), from qkv (B, 3, H, head_dim), the
-        1/√d scaling of q folded into the rotation. Fused: one kernel for all three, each written
-        contiguous (the caches append contiguous keys and values). PyTorch: one complex multiply
-        in the interleaved layout (Eq. 16's form), three real kernels in the half layout."""
+        1/√d scaling of q folded into the rotation: one complex multiply in the interleaved layout
+        (Eq. 16's form), three real kernels in the half layout, by multipliers made once per step
+        for every layer. Always PyTorch: a step rotates one position, and its cost is host time,
+        which the kernel's launch raises (docs/benchmarks/decoding-step-host-cpu.md)."""
         if (qkv.requires_grad and torch.is_grad_enabled()) or self.uses_source_lengths:
-            # Through encode_qk (and its backward; or each sentence's own angles).
-            return super().encode_step(qkv, offset, q_scale)
+            # Through the full pass's rotation (and its backward; or each sentence's own angles).
+            q, k = self._rotate_with_pytorch(qkv[:, 0, :, None], qkv[:, 1, :, None], context)
+            return q[:, :, 0] * q_scale, k[:, :, 0], qkv[:, 2]
         q_scale = q_scale * self._q_factor  # exact for 1.0: unscaled steps are unchanged
-        kernels = fused_kernels(qkv)
-        if kernels is not None:
-            table = cos_sin_table(self.rope_dim, self.theta, qkv.device, qkv.dtype, offset + 1, self._table_scaling)
-            return kernels.rotate_step(qkv, table.cos_angle, table.sin_angle, offset, self.layout == "interleaved",
-                                       q_scale)
+        device, dtype = qkv.device, qkv.dtype
+        multipliers = context.shared(
+            (self._spec, "step", device, dtype, q_scale),
+            lambda: step_multipliers(context.offset, self.rope_dim, self.theta, device, dtype, q_scale,
+                                     self.head_dim, self.layout, self._table_scaling))
         qk = qkv[:, :2]
-        rotated = self._half_step(qk, offset, q_scale) if self.layout == "half" else self._complex_step(
-            qk, offset, q_scale)
+        rotated = self._half_step(qk, multipliers) if self.layout == "half" else self._complex_step(qk, multipliers)
         q, k = rotated.unbind(1)
         return q, k, qkv[:, 2]
 
-    def _complex_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
+    @staticmethod
+    def _complex_step(qk: Tensor, multipliers: Tensor) -> Tensor:
         # qk's own table, the one its full passes use: its e^{imθ} is fp32 (fp64) whatever qk's dtype.
-        multipliers = step_multipliers(
-            offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "interleaved",
-            self._table_scaling,
-        )
         dtype = angle_dtype(qk.dtype)
         if qk.dtype == dtype:
             pairs = _as_complex(qk)
@@ -412,12 +450,9 @@ class RotaryEmbedding(PositionEncoding):
         torch.view_as_complex(x.view(*x.shape[:-1], -1, 2)).transpose(0, 1).mul_(multipliers)
         return x.to(qk.dtype).transpose(0, 1)
 
-    def _half_step(self, qk: Tensor, offset: int, q_scale: float) -> Tensor:
+    def _half_step(self, qk: Tensor, multipliers: Tuple[Tensor, Tensor]) -> Tensor:
         """x ⊙ C + swap(x) ⊙ S, swap exchanging the halves of the rotated dimensions."""
-        cos, sin = step_multipliers(
-            offset, self.rope_dim, self.theta, qk.device, qk.dtype, q_scale, self.head_dim, "half",
-            self._table_scaling,
-        )
+        cos, sin = multipliers
         x = qk.transpose(0, 1)
         half = self.rope_dim // 2
         if self.rope_dim == self.head_dim:

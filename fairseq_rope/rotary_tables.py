@@ -8,12 +8,11 @@ layout's complex multiply), its real and imaginary parts as contiguous tables (t
 and a decoding step's per-position multipliers.
 
 Tables are shared by every layer (and model) with the same (rope_dim, θ, fixed scaling) on one
-device in one dtype; they hold no parameters and never enter a state dict. A dynamic scaling
-gives each sentence its own angles (:func:`sentence_cos_sin`).
-
-Thread safety: several threads may decode at once (the hub interface). Each single-entry cache
-below is one ``(key, value)`` tuple, read once and replaced whole, so a thread never pairs its
-key with another thread's value; the table cache itself changes under a lock.
+device in one dtype: a bounded cache keyed by those values, which changes under a lock, so
+several threads may decode at once (the hub interface). They hold no parameters and never enter
+a state dict. A dynamic scaling gives each sentence its own angles (:func:`sentence_cos_sin`).
+What one forward pass reads of them (slices at its positions, a step's multipliers) the
+encoding keeps in that pass's :class:`~fairseq_rope.position_context.PositionContext`.
 """
 
 from __future__ import annotations
@@ -76,9 +75,11 @@ class CosSinTable:
         # e^{i mθ} in the angles' precision, for the interleaved layout's complex
         # multiply: every pair in one pass (Eq. 16's form, e^{imθ} · (x1 + i x2)).
         self.cis = torch.complex(cos, sin)
-        # The same values, contiguous, for the fused kernel: it reads a row of each with unit
-        # stride (views of cis, stride 2, cost it half its speed on an H200).
+        # The same values, contiguous, for the fused kernel's half layout: it reads a row of each
+        # with unit stride (views of cis, stride 2, cost it half its speed on an H200); its
+        # interleaved layout reads them per member of a pair (member_tables, built on first use).
         self.cos_angle, self.sin_angle = cos, sin
+        self._members: Optional[Tuple[Tensor, Tensor]] = None
         self._inv_freq = inv_freq
         self._steps: Dict[Tuple[float, int, str], Tuple[Any, ...]] = {}
 
@@ -119,9 +120,24 @@ class CosSinTable:
         cos, sin = (torch.stack((t * q_scale, t), dim=1).unsqueeze(2).to(self.cos.dtype) for t in (cos, sin))
         return tuple(zip(cos.unbind(0), sin.unbind(0)))
 
+    def members(self) -> Tuple[Tensor, Tensor]:
+        """:func:`member_tables` of the whole table (built once: threads at most build it twice)."""
+        if self._members is None:
+            with torch.inference_mode(False):  # shared, like the table itself
+                self._members = member_tables(self.cos_angle, self.sin_angle)
+        return self._members
+
     @property
     def capacity(self) -> int:
         return self.cos.size(0)
+
+
+def member_tables(cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:
+    """cos and sin (…, d/2), one per pair, as (…, d) tables with one entry per member of a pair,
+    in the interleaved layout's order: cos_i twice, then −sin_i and +sin_i, so that the rotated
+    pair is x ⊙ cos + swap(x) ⊙ sin (swap exchanging the members). Contiguous: the fused kernel
+    reads them as it reads a row of q."""
+    return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
 
 
 #: Most cos/sin tables kept: one per (rope_dim, theta, scaling, device, dtype) in use. A model
@@ -134,25 +150,10 @@ TableKey = Tuple[int, float, torch.device, torch.dtype, Optional[RopeScaling]]
 _TABLES: "OrderedDict[TableKey, CosSinTable]" = OrderedDict()
 _TABLES_LOCK = threading.Lock()
 
-_EMPTY: Tuple[Any, Any] = (None, None)
-# The last lookup and its slices. Every layer of an encoder or decoder asks for the same
-# positions in one forward pass (in a decoding step: one position), so all but the first
-# layer are served here without touching the table cache.
-_last_lookup: Tuple[Any, Any] = _EMPTY
-# The step multipliers of the last table asked for: the key does not depend on the
-# position, so every layer and step of a beam search hits it.
-_last_step: Tuple[Any, Any] = _EMPTY
-# The last per-sentence lookup: every layer rotates the same sentences at the same positions
-# in one forward pass, and is given the same source-length tensor.
-_last_sentences: Tuple[Any, Any] = _EMPTY
-
-
 def clear_cos_sin_cache() -> None:
     """Drop every cached cos/sin table (and the device memory it holds)."""
-    global _last_lookup, _last_step, _last_sentences
     with _TABLES_LOCK:
         _TABLES.clear()
-    _last_lookup = _last_step = _last_sentences = _EMPTY
 
 
 def cos_sin(
@@ -182,17 +183,9 @@ def cached_angles(
     scaling: Optional[RopeScaling] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`cos_sin` and cos + i·sin in the angles' precision (fp32, or fp64)."""
-    global _last_lookup
-    # Slices taken under inference mode are not for autograd: a separate entry.
-    lookup = (length, offset, rope_dim, theta, device, dtype, torch.is_inference_mode_enabled(), scaling)
-    last_key, last_angles = _last_lookup  # one read: the key and its own value
-    if last_key == lookup:
-        return last_angles
     needed = offset + length
     table = cos_sin_table(rope_dim, theta, device, dtype, needed, scaling)
-    angles = (table.cos[offset:needed], table.sin[offset:needed], table.cis[offset:needed])
-    _last_lookup = (lookup, angles)
-    return angles
+    return table.cos[offset:needed], table.sin[offset:needed], table.cis[offset:needed]
 
 
 def cos_sin_table(
@@ -226,14 +219,8 @@ def step_multipliers(
     head_dim: int, layout: str, scaling: Optional[RopeScaling] = None,
 ) -> Any:
     """Position ``offset``'s entry of :meth:`CosSinTable.step_multipliers`."""
-    global _last_step
-    lookup = (rope_dim, theta, device, dtype, q_scale, head_dim, layout, scaling)
-    last_key, steps = _last_step
-    if last_key != lookup or offset >= len(steps):
-        table = cos_sin_table(rope_dim, theta, device, dtype, offset + 1, scaling)
-        steps = table.step_multipliers(q_scale, head_dim, layout)
-        _last_step = (lookup, steps)
-    return steps[offset]
+    table = cos_sin_table(rope_dim, theta, device, dtype, offset + 1, scaling)
+    return table.step_multipliers(q_scale, head_dim, layout)[offset]
 
 
 def sentence_cos_sin(
@@ -244,12 +231,6 @@ def sentence_cos_sin(
     sentence at its own scale s = ``scaling.scale(source_lengths)``; and YaRN's logit factor 1/t
     per sentence, (B, 1, 1, 1), or None. Angles in fp32 (fp64 for fp64), like the tables; cos
     and sin cast to ``dtype`` (the fused kernel asks for fp32), the factor to ``dtype`` too."""
-    global _last_sentences
-    lookup = (length, offset, rope_dim, theta, dtype, torch.is_inference_mode_enabled(), scaling)
-    last_key, last_result = _last_sentences
-    # The lengths by identity (the same tensor for every layer), the rest by value.
-    if last_key is not None and last_key[0] is source_lengths and last_key[1] == lookup:
-        return last_result
     device = source_lengths.device
     scale = scaling.scale(source_lengths)[:, None]  # (B, 1), fp64
     inv_freq = scaling.frequencies(inverse_frequencies(rope_dim, theta, device, torch.float64), scale)
@@ -258,7 +239,4 @@ def sentence_cos_sin(
     factor = None
     if scaling.method == "yarn":
         factor = scaling.logit_factor(scale).to(dtype)[:, :, None, None]
-    result = (angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None], factor)
-    # The key holds the lengths tensor, so its identity cannot be recycled while cached.
-    _last_sentences = ((source_lengths, lookup), result)
-    return result
+    return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None], factor

@@ -88,6 +88,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     for kind, (cos, sin) in tables.items():
                         if kind == "contiguous" and (block_t != 32 or warps != 4):
                             continue
+                        if interleaved:  # the interleaved layout reads one entry per member of a pair
+                            cos, sin = rotary.member_tables(cos, sin)
                         grid = (batch * heads, triton.cdiv(length, block_t))
                         runtime = [q, k, q, out_q, out_k, out_q, cos, sin, *q.stride()[:3], *k.stride()[:3],
                                    *q.stride()[:3], *out_q.stride()[:3], *out_k.stride()[:3], *out_q.stride()[:3],

@@ -12,7 +12,8 @@ stock. This script separates, per call:
 Candidates: ``copy_`` of q and k (the bound); the rotation kernel launched through Triton's JIT
 (what ``rotary_triton.rotate`` does) and through the same kernel compiled without specialization
 (``do_not_specialize``); an empty Triton kernel with 1 and with 40 arguments (Triton's launch cost alone);
-the plugin's ``encode_qk`` and a decoding step's ``encode_step``, fused and PyTorch.
+the plugin's ``encode_qk``, fused and PyTorch, and a decoding step's ``encode_step`` (PyTorch on
+every device since the H200 run of 2026-11-27 measured it cheaper on the host than the kernel's launch).
 
 ``--host-only`` measures, on the CPU, the plugin's own host cost of a fused call: the kernel's
 launch is replaced by a no-op, so what remains is the Python and tensor bookkeeping around it
@@ -146,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             out_q, out_k = torch.empty_like(q), torch.empty_like(k)
             rope = rotary.RotaryEmbedding(head_dim)
             table = rotary.cos_sin_table(head_dim, rope.theta, device, dtype, length)
-            cos, sin = table.cos_angle, table.sin_angle
+            cos, sin = table.members()  # the interleaved layout's tables, one entry per member of a pair
             shape = f"{batch}×{heads}×{length}×{head_dim}"
 
             # The kernel's arguments as rotary_triton.rotate passes them (no v: q stands in, unused).
@@ -162,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             def check() -> str:
                 sync()
-                want_q, _ = rotary.RotaryEmbedding(head_dim).encode_qk(q.double(), k.double(), 0)
+                want_q, _ = rotary.RotaryEmbedding(head_dim).encode_qk(q.double(), k.double(), rotary.PositionContext(0))
                 err = (out_q.double() - want_q).abs().max().item()
                 out_q.zero_()
                 return f"max err {err:.1e}"
@@ -173,12 +174,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             cases["rotary kernel, unspecialized JIT"] = (lambda: generic[grid](*runtime, **const), check)
             cases["empty Triton kernel, 1 argument"] = (lambda: _empty1[(1,)](q), None)
             cases["empty Triton kernel, 40 arguments"] = (lambda: _empty40[(1,)](q, *range(1, 40)), None)
-            cases["encode_qk, fused"] = (lambda: rope.encode_qk(q, k, 0), None)
-            cases["encode_qk, PyTorch"] = (lambda: rope.encode_qk(q, k, 0), None)
+            cases["encode_qk, fused"] = (lambda: rope.encode_qk(q, k, rotary.PositionContext(0)), None)
+            cases["encode_qk, PyTorch"] = (lambda: rope.encode_qk(q, k, rotary.PositionContext(0)), None)
             qkv = torch.randn(batch, 3, heads, head_dim, device=device, dtype=dtype)
             step_offset = length - 1
-            cases["encode_step (decoding step), fused"] = (lambda: rope.encode_step(qkv, step_offset, 0.125), None)
-            cases["encode_step (decoding step), PyTorch"] = (lambda: rope.encode_step(qkv, step_offset, 0.125), None)
+            step_context = rotary.PositionContext(step_offset)  # one per step, shared by its layers
+            cases["encode_step (decoding step), PyTorch"] = (lambda: rope.encode_step(qkv, step_context, 0.125), None)
 
             for name, (fn, verify) in cases.items():
                 setting = "0" if name.endswith("PyTorch") else ("interpret" if args.dry_run else "auto")
@@ -218,10 +219,11 @@ def host_only(calls: int) -> int:
     k = torch.randn_like(q)
     qkv_step = torch.randn(128, 3, 8, 64)
     qkv_packed = torch.randn(64, 64, 3, 8, 64)
+    step_context = rotary.PositionContext(31)  # one per step, shared by its layers
     cases = {
-        "encode_qk (16×8×256×64)": lambda: rope.encode_qk(q, k, 0),
-        "encode_qkv (packed, 64×64 tokens)": lambda: rope.encode_qkv(qkv_packed, 0),
-        "encode_step (128 hypotheses)": lambda: rope.encode_step(qkv_step, 31, 0.125),
+        "encode_qk (16×8×256×64)": lambda: rope.encode_qk(q, k, rotary.PositionContext(0)),
+        "encode_qkv (packed, 64×64 tokens)": lambda: rope.encode_qkv(qkv_packed, rotary.PositionContext(0)),
+        "encode_step (128 hypotheses, PyTorch)": lambda: rope.encode_step(qkv_step, step_context, 0.125),
     }
     print(f"host µs per call, launch stubbed, {calls} calls, torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")

@@ -8,6 +8,7 @@ import torch
 
 from tests.conftest import attend_step_by_step
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.alibi import AlibiBias, alibi_slopes
 from fairseq_rope.attention import PositionalMultiheadAttention
 
@@ -80,7 +81,7 @@ def test_forward_matches_press_et_al(heads, causal):
 
 def test_the_bias_joins_the_scaled_scores():
     """The contract adds logit_bias to q·k/√d: it is Press et al.'s −m_h·|i − j| itself."""
-    bias = AlibiBias(2).logit_bias(torch.zeros(1, 2, 3, HEAD_DIM, dtype=torch.float64), 5, 8)
+    bias = AlibiBias(2).logit_bias(torch.zeros(1, 2, 3, HEAD_DIM, dtype=torch.float64), PositionContext(5), 8)
     distance = (torch.arange(8)[None, :] - torch.arange(5, 8)[:, None]).abs().double()
     expected = -torch.tensor([2.0**-4, 2.0**-8], dtype=torch.float64)[:, None, None] * distance
     torch.testing.assert_close(bias, expected, atol=1e-14, rtol=0)

@@ -323,42 +323,37 @@ def decode_steps(attn, x, orders=None, key_padding_mask=None):
 
 
 @pytest.mark.parametrize("rope_dim", [None, 4])
-def test_lean_step_computes_what_the_general_path_computes(monkeypatch, rope_dim):
-    """Without gradients a decoding step of a q/k-only encoding takes the lean path
-    (the general one is made to fail); with gradients the general path runs. Both
-    agree, through beam reorderings and padded keys."""
+def test_steps_without_gradients_compute_what_steps_with_gradients_compute(rope_dim):
+    """Without gradients a step's q and k are rotated by multipliers that carry 1/√d; with gradients
+    through encode_qk and its backward. Both agree, through beam reorderings and padded keys."""
     attn = rope_attention(rope_dim=rope_dim)
     x = torch.randn(6, 4, EMBED)
     orders = [None] + [torch.randint(0, 4, (4,)) for _ in range(5)]
     kpm = padding([6, 6, 6, 6], 6)
     kpm[1, 1:3] = True  # padded keys (the first is not: an all-padded step is NaN on either path)
-    general = decode_steps(attn, x, orders, kpm)  # gradients enabled: the general path
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the general attention path ran during a lean decoding step")
-
-    monkeypatch.setattr(PositionalMultiheadAttention, "_attend", refuse)
+    with_gradients = decode_steps(attn, x, orders, kpm)
     with torch.no_grad():
-        lean = decode_steps(attn, x, orders, kpm)
-    torch.testing.assert_close(lean, general.detach(), atol=1e-5, rtol=1e-5)
+        without = decode_steps(attn, x, orders, kpm)
+    torch.testing.assert_close(without, with_gradients.detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_steps_that_need_more_take_the_general_path(monkeypatch):
-    """Weights wanted, an encoding with logit or value terms, or active dropout: no lean step."""
+@pytest.mark.parametrize("encoding", ["rope", "rpe"])
+def test_a_step_gives_the_full_pass_weights_and_output_at_its_position(encoding):
+    """One path for every step: weights asked for, or an encoding with logit and value terms (RPE),
+    give the full causal pass's row at the step's position."""
     from fairseq_rope.relative import RelativePositionEncoding
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("lean step taken")
-
-    monkeypatch.setattr(PositionalMultiheadAttention, "_decoding_step", refuse)
-    x = torch.randn(1, 2, EMBED)
-    rpe = PositionalMultiheadAttention(EMBED, HEADS, RelativePositionEncoding(EMBED // HEADS, HEADS, 4)).eval()
-    dropping = rope_attention()
-    dropping.dropout_module.p, dropping.dropout_module.apply_during_inference = 0.5, True
+    attn = rope_attention() if encoding == "rope" else PositionalMultiheadAttention(
+        EMBED, HEADS, RelativePositionEncoding(EMBED // HEADS, HEADS, 2))
+    attn = attn.eval().double()
+    x = torch.randn(5, 2, EMBED, dtype=torch.float64)
     with torch.no_grad():
-        rope_attention()(x, x, x, incremental_state={}, need_weights=True)
-        rpe(x, x, x, incremental_state={}, need_weights=False)
-        dropping(x, x, x, incremental_state={}, need_weights=False)
+        full, full_weights = attn(x, x, x, attn_mask=causal_mask(5).double(), need_weights=True)
+        state = {}
+        for t in range(5):
+            out, weights = attn(x[t:t + 1], x[t:t + 1], x[t:t + 1], incremental_state=state, need_weights=True)
+            torch.testing.assert_close(out[0], full[t], atol=1e-10, rtol=0)
+            torch.testing.assert_close(weights[:, 0], full_weights[:, t, :t + 1], atol=1e-10, rtol=0)
 
 
 # --- Attention dropout (the big architectures train with --attention-dropout 0.1)

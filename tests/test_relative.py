@@ -8,6 +8,7 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.relative import TABLES, RelativePositionEncoding, relative_buckets
 
@@ -59,7 +60,7 @@ def test_distances_beyond_k_share_one_bucket():
 def test_clipped_distances_get_identical_logit_terms(shared_heads):
     enc = RelativePositionEncoding(HEAD_DIM, HEADS, K, shared_heads=shared_heads)
     q = torch.randn(1, HEADS, 1, HEAD_DIM)
-    bias = enc.logit_bias(q, offset=0, src_len=12)[0, :, 0]  # query at 0, keys at 0..11
+    bias = enc.logit_bias(q, PositionContext(0), src_len=12)[0, :, 0]  # query at 0, keys at 0..11
     assert torch.allclose(bias[:, K:], bias[:, K : K + 1].expand(HEADS, 12 - K))
     assert not torch.allclose(bias[:, K - 1], bias[:, K])
 

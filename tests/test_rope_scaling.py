@@ -17,6 +17,7 @@ import torch
 
 from tests.conftest import attend_step_by_step
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope import rotary
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.rope_scaling import RopeScaling, validate_rope_scaling
@@ -88,8 +89,7 @@ def reference(method: str, s: float, x: torch.Tensor, positions, original_length
 def encode(scaling: RopeScaling, q: torch.Tensor, k: torch.Tensor, offset: int, lengths=None, layout="interleaved"):
     """q, k (B, H, T, d) through the encoding the attention uses."""
     encoding = RotaryEmbedding(D, theta=THETA, layout=layout, scaling=scaling)
-    encoding.set_source_lengths(lengths)
-    return encoding.encode_qk(q, k, offset)
+    return encoding.encode_qk(q, k, PositionContext(offset, lengths))
 
 
 METHODS = ["linear", "ntk", "yarn"]
@@ -165,9 +165,9 @@ def test_scale_one_gives_the_unscaled_frequencies_exactly(kind):
 
 def test_fixed_scaling_at_one_is_bit_identical_to_no_scaling():
     x = torch.randn(2, 2, 9, D)
-    plain = RotaryEmbedding(D).encode_qk(x, x, 3)
+    plain = RotaryEmbedding(D).encode_qk(x, x, PositionContext(3))
     for scaling in (RopeScaling("linear", 1.0), RopeScaling("ntk", 1.0), RopeScaling("yarn", 1.0, L)):
-        for got, expected in zip(RotaryEmbedding(D, scaling=scaling).encode_qk(x, x, 3), plain):
+        for got, expected in zip(RotaryEmbedding(D, scaling=scaling).encode_qk(x, x, PositionContext(3)), plain):
             assert torch.equal(got, expected)
 
 
@@ -212,13 +212,13 @@ def test_dynamic_scaling_trains_and_gradients_pass_gradcheck():
     own backward; the cos/sin computed under inference mode are never reused by training."""
     scaling = RopeScaling("dynamic-yarn", 2.0, 4)
     encoding = RotaryEmbedding(8, rope_dim=6, scaling=scaling)
-    encoding.set_source_lengths(torch.tensor([3, 9]))
+    lengths = torch.tensor([3, 9])
     with torch.inference_mode():
-        encoding.encode_qk(torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), 2)
+        encoding.encode_qk(torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), PositionContext(2, lengths))
     q, k = (torch.randn(2, 2, 5, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert torch.autograd.gradcheck(lambda a, b: encoding.encode_qk(a, b, 2), (q, k))
+    assert torch.autograd.gradcheck(lambda a, b: encoding.encode_qk(a, b, PositionContext(2, lengths)), (q, k))
     q32 = torch.randn(2, 2, 5, 8, requires_grad=True)
-    sum(t.sum() for t in encoding.encode_qk(q32, q32, 2)).backward()
+    sum(t.sum() for t in encoding.encode_qk(q32, q32, PositionContext(2, lengths))).backward()
     assert q32.grad is not None and torch.isfinite(q32.grad).all()
 
 
@@ -226,10 +226,9 @@ def test_dynamic_scaling_without_source_lengths_is_a_clear_error():
     encoding = RotaryEmbedding(8, scaling=RopeScaling("dynamic-ntk", 1.0, 16))
     x = torch.randn(2, 1, 3, 8)
     with pytest.raises(RuntimeError, match="scales each sentence by its source length"):
-        encoding.encode_qk(x, x, 0)
-    encoding.set_source_lengths(torch.tensor([4, 5, 6]))
+        encoding.encode_qk(x, x, PositionContext(0))
     with pytest.raises(RuntimeError, match=r"\(3,\) source lengths for queries of shape \(2, 1, 3, 8\)"):
-        encoding.encode_qk(x, x, 0)
+        encoding.encode_qk(x, x, PositionContext(0, torch.tensor([4, 5, 6])))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -257,6 +256,6 @@ def test_linear_and_ntk_accept_the_length_they_do_not_use():
     for kind in ("linear", "ntk"):
         validate_rope_scaling(kind, 2.0, 64)
         x = torch.randn(1, 1, 5, D)
-        for got, expected in zip(RotaryEmbedding(D, scaling=RopeScaling(kind, 2.0, 64)).encode_qk(x, x, 9),
-                                 RotaryEmbedding(D, scaling=RopeScaling(kind, 2.0)).encode_qk(x, x, 9)):
+        for got, expected in zip(RotaryEmbedding(D, scaling=RopeScaling(kind, 2.0, 64)).encode_qk(x, x, PositionContext(9)),
+                                 RotaryEmbedding(D, scaling=RopeScaling(kind, 2.0)).encode_qk(x, x, PositionContext(9))):
             assert torch.equal(got, expected)

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope import rotary_tables
 from fairseq_rope.rotary import (
     RotaryEmbedding,
@@ -26,7 +27,7 @@ from tests.rope_reference import eq34
 
 def rope(x, offset=0, layout="interleaved", rope_dim=None, theta=10000.0):
     """Rotate x (..., T, D) at positions offset … offset+T−1, as the attention does."""
-    rotated, _ = RotaryEmbedding(x.size(-1), rope_dim, theta, layout).encode_qk(x, x, offset)
+    rotated, _ = RotaryEmbedding(x.size(-1), rope_dim, theta, layout).encode_qk(x, x, PositionContext(offset))
     return rotated
 
 
@@ -75,7 +76,7 @@ def test_inner_product_depends_only_on_relative_position(layout):
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_rotation_preserves_norms(layout):
     q, k = torch.randn(2, 3, 4, 50, 32).unbind(0)
-    rq, rk = RotaryEmbedding(32, layout=layout).encode_qk(q, k, 17)
+    rq, rk = RotaryEmbedding(32, layout=layout).encode_qk(q, k, PositionContext(17))
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
     torch.testing.assert_close(rk.norm(dim=-1), k.norm(dim=-1))
 
@@ -151,7 +152,7 @@ def test_half_precision_interleaved_rotation_is_rounded_once(dtype, offset):
     d, length = 64, 40
     x = (4 * torch.randn(2, 3, length, d)).to(dtype).requires_grad_()
     upstream = (4 * torch.randn(x.shape)).to(dtype)
-    out, _ = RotaryEmbedding(d).encode_qk(x, x.detach(), offset)
+    out, _ = RotaryEmbedding(d).encode_qk(x, x.detach(), PositionContext(offset))
     out.backward(upstream)
     positions = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]
     angles = positions * 10000.0 ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)  # Eq. 15
@@ -184,7 +185,7 @@ def test_module_is_untouched_by_half_and_state_dict():
     assert list(emb.state_dict()) == [] and list(emb.parameters()) == []
     emb.half()
     x = torch.randn(1, 4, 8)
-    torch.testing.assert_close(emb.encode_qk(x, x, 0), RotaryEmbedding(8).encode_qk(x, x, 0))
+    torch.testing.assert_close(emb.encode_qk(x, x, PositionContext(0)), RotaryEmbedding(8).encode_qk(x, x, PositionContext(0)))
 
 
 @pytest.mark.parametrize(
@@ -240,7 +241,7 @@ def test_fast_path_equals_reference_forward_and_backward(dtype, layout, rope_dim
     q64, k64 = (torch.randn(7, 3, 2, 16, dtype=torch.float64).permute(1, 2, 0, 3) for _ in range(2))
     upstream = torch.randn((2, *q64.shape), dtype=torch.float64)
     q, k = (t.to(dtype).requires_grad_() for t in (q64, k64))
-    outs = RotaryEmbedding(16, rope_dim, layout=layout).encode_qk(q, k, offset)
+    outs = RotaryEmbedding(16, rope_dim, layout=layout).encode_qk(q, k, PositionContext(offset))
     torch.autograd.backward(outs, tuple(upstream.to(dtype)))
     # The same (rounded) angles for the reference: only the rotation's arithmetic is compared.
     cos, sin = cos_sin(7, rope_dim, 10000.0, q.device, dtype, offset)
@@ -260,8 +261,8 @@ def test_fast_path_equals_reference_forward_and_backward(dtype, layout, rope_dim
 def test_fast_path_gradients_pass_gradcheck(layout):
     q, k = (torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
     emb = RotaryEmbedding(8, rope_dim=6, layout=layout)
-    assert torch.autograd.gradcheck(lambda a, b: emb.encode_qk(a, b, 3), (q, k))
-    assert torch.autograd.gradgradcheck(lambda a, b: emb.encode_qk(a, b, 3), (q, k))
+    assert torch.autograd.gradcheck(lambda a, b: emb.encode_qk(a, b, PositionContext(3)), (q, k))
+    assert torch.autograd.gradgradcheck(lambda a, b: emb.encode_qk(a, b, PositionContext(3)), (q, k))
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
@@ -274,7 +275,7 @@ def test_fast_path_handles_awkward_strides(layout, case):
     else:
         x = torch.randn(4, 8, 6).transpose(-1, -2)
     expected, _, _ = eq34(x, range(6), 8, layout)  # Eq. 34 written out in fp64
-    for got in RotaryEmbedding(8, layout=layout).encode_qk(x, x, 0):
+    for got in RotaryEmbedding(8, layout=layout).encode_qk(x, x, PositionContext(0)):
         torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -336,13 +337,13 @@ def test_table_first_built_under_inference_mode_serves_training(dtype, layout):
 
     def train_step():
         q_, k_ = q.clone().requires_grad_(), k.clone().requires_grad_()
-        rq, rk = emb.encode_qk(q_, k_, 5)  # positions 5 … 13: the decoding's table
+        rq, rk = emb.encode_qk(q_, k_, PositionContext(5))  # positions 5 … 13: the decoding's table
         torch.autograd.backward((rq, rk), tuple(upstream))
         return rq.detach(), rk.detach(), q_.grad, k_.grad
 
     rotary_tables.clear_cos_sin_cache()
     with torch.inference_mode():
-        emb.encode_qk(q[..., :1, :], k[..., :1, :], 20)  # one decoding step
+        emb.encode_qk(q[..., :1, :], k[..., :1, :], PositionContext(20))  # one decoding step
     got = train_step()
 
     rotary_tables.clear_cos_sin_cache()
@@ -357,8 +358,8 @@ def test_angles_looked_up_under_inference_mode_never_reach_training():
     rope = RotaryEmbedding(8)
     q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
     with torch.inference_mode():
-        rope.encode_qk(q, k, 0)
+        rope.encode_qk(q, k, PositionContext(0))
     q.requires_grad_(True)
-    rq, rk = rope.encode_qk(q, k, 0)  # the same positions, dtype and device
+    rq, rk = rope.encode_qk(q, k, PositionContext(0))  # the same positions, dtype and device
     (rq.sum() + rk.sum()).backward()
     assert q.grad is not None and q.grad.shape == q.shape

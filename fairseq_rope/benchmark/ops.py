@@ -3,8 +3,9 @@
 Candidates, all timed on the same q and k (forward only, no autograd):
 
 * ``rope`` — the plugin's path, exactly what the attention calls:
-  ``RotaryEmbedding(head_dim).encode_qk(q, k, offset=0)`` (default layout,
-  the paper's interleaved pairs), cos/sin from its cache (warm after the first call);
+  ``RotaryEmbedding(head_dim).encode_qk(q, k, context)`` (default layout, the paper's
+  interleaved pairs), with one :class:`PositionContext` for every call, as the layers of a pass
+  share theirs (its cos/sin looked up by the first call);
 * ``rope_half`` — the same with ``layout="half"`` (GPT-NeoX pairs);
 * ``naive`` — the textbook rotate-half reference: ``x*cos + rotate_half(x)*sin``
   for q and k, ``rotate_half`` by ``torch.cat``, cos/sin precomputed at full
@@ -37,6 +38,7 @@ from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositional
 from torch import Tensor
 
 from fairseq_rope.benchmark.timing import interleaved
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.rotary import RotaryEmbedding, inverse_frequencies, layout_permutation
 
 OP_CANDIDATES: Tuple[str, ...] = ("rope", "rope_half", "naive", "fairseq", "sinusoidal", "copy")
@@ -76,6 +78,7 @@ def op_candidates(q: Tensor, k: Tensor) -> Tuple[Dict[str, Callable[[], Any]], D
     _, _, length, head_dim = q.shape
     rope = RotaryEmbedding(head_dim)
     rope_half = RotaryEmbedding(head_dim, layout="half")
+    context, half_context = PositionContext(0), PositionContext(0)  # one per candidate, as one pass
     cos, sin = naive_cos_sin(length, head_dim, q.device, q.dtype)
     fs_rope = RotaryPositionalEmbedding(head_dim).to(device=q.device, dtype=q.dtype)
     q_tbhd, k_tbhd = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k))
@@ -93,8 +96,8 @@ def op_candidates(q: Tensor, k: Tensor) -> Tuple[Dict[str, Callable[[], Any]], D
         return q_out.copy_(q), k_out.copy_(k)
 
     candidates: Dict[str, Callable[[], Any]] = {
-        "rope": lambda: rope.encode_qk(q, k, 0),
-        "rope_half": lambda: rope_half.encode_qk(q, k, 0),
+        "rope": lambda: rope.encode_qk(q, k, context),
+        "rope_half": lambda: rope_half.encode_qk(q, k, half_context),
         "naive": naive,
         "fairseq": fairseq,
         "sinusoidal": lambda: (q + table, k + table),

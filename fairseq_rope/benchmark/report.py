@@ -177,7 +177,7 @@ def markdown(results: Dict[str, Any], plots: Dict[str, str]) -> str:
 OPS_TEXT = (
     "Forward only, no autograd, on q and k of shape (batch, heads, T, head_dim) with "
     "batch × T fixed (`op_tokens`). `rope`: the plugin's `RotaryEmbedding(head_dim)."
-    "encode_qk(q, k, 0)` (interleaved pairs, what the attention calls); `rope_half`: the "
+    "encode_qk(q, k, context)` (interleaved pairs, what the attention calls); `rope_half`: the "
     "same with `layout=\"half\"`; `naive`: `x*cos + rotate_half(x)*sin` for q and k with "
     "`torch.cat` and cos/sin precomputed at full head_dim; `fairseq`: fairseq's "
     "`RotaryPositionalEmbedding` cache lookup + `apply_rotary_pos_emb` in its own (T, B, H, D) "

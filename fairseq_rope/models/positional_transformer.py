@@ -11,10 +11,15 @@ cross-attention, never this self-attention: they are refused, not ignored.
 A model family picks its encoding by name (``position_encoding``) from
 :data:`POSITION_ENCODINGS`; the name travels in the checkpoint's args.
 
-Encodings that depend on each sentence's source length
-(``PositionEncoding.uses_source_lengths``) are given it by the encoder (from
-its source tokens) and the decoder (from the encoder output it attends to,
-which beam search reorders with the hypotheses) before each forward.
+What the positions decide is computed once per forward of the encoder, of the
+decoder and of each decoding step, and handed to every self-attention layer of
+that pass: a :class:`~fairseq_rope.position_context.PositionContext`, bound for
+the duration of the forward (:func:`fairseq_rope.position_context.bound`). It
+holds the first query's position (a decoding step's, else 0) and, where an
+encoding scales by it (``PositionEncoding.uses_source_lengths``), each
+sentence's source length: the encoder's from its source tokens, the decoder's
+from the encoder output it attends to (which beam search reorders with the
+hypotheses).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor, nn
 
 from fairseq_rope.attention import PositionalMultiheadAttention
+from fairseq_rope.position_context import PositionContext, bound
 from fairseq_rope.position_encoding import PositionEncoding
 
 # Positions enter only inside self-attention (rotations, clipped distances): no table
@@ -123,13 +129,6 @@ def uses_source_lengths(module: nn.Module) -> bool:
     return any(isinstance(m, PositionEncoding) and m.uses_source_lengths for m in module.modules())
 
 
-def tell_source_lengths(module: nn.Module, lengths: Optional[Tensor]) -> None:
-    """Give each sentence's source length to the encodings under ``module`` that use it."""
-    for m in module.modules():
-        if isinstance(m, PositionEncoding) and m.uses_source_lengths:
-            m.set_source_lengths(lengths)
-
-
 def encoder_source_lengths(encoder_out: Optional[Dict[str, List[Tensor]]]) -> Optional[Tensor]:
     """Each sentence's number of source tokens, from an encoder output (B rows, as reordered)."""
     if encoder_out is None:
@@ -143,17 +142,17 @@ def encoder_source_lengths(encoder_out: Optional[Dict[str, List[Tensor]]]) -> Op
 class PositionalTransformerEncoder(TransformerEncoder):
     def __init__(self, args, dictionary, embed_tokens, return_fc=False):
         super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
-        self.tells_source_lengths = uses_source_lengths(self)  # a model property: no search per forward
+        self.needs_source_lengths = uses_source_lengths(self)  # a model property: no search per forward
 
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
         return wrap_layer(PositionalEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
     def forward_scriptable(self, src_tokens, *args, **kwargs):
-        if self.tells_source_lengths:
-            # fairseq's own count (its src_lengths output): non-pad tokens, EOS included.
-            tell_source_lengths(self, src_tokens.ne(self.padding_idx).sum(1))
-        return super().forward_scriptable(src_tokens, *args, **kwargs)
+        # fairseq's own count (its src_lengths output): non-pad tokens, EOS included.
+        lengths = src_tokens.ne(self.padding_idx).sum(1) if self.needs_source_lengths else None
+        with bound(PositionContext(0, lengths)):
+            return super().forward_scriptable(src_tokens, *args, **kwargs)
 
     def max_positions(self) -> int:
         return UNBOUNDED_POSITIONS
@@ -163,16 +162,19 @@ class PositionalTransformerDecoder(TransformerDecoder):
     def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
-        self.tells_source_lengths = uses_source_lengths(self)
+        self.needs_source_lengths = uses_source_lengths(self)
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
         cfg = TransformerConfig.from_namespace(args)
         return wrap_layer(PositionalDecoderLayer(cfg, no_encoder_attn), cfg)
 
-    def extract_features(self, prev_output_tokens, encoder_out=None, *args, **kwargs):
-        if self.tells_source_lengths:
-            tell_source_lengths(self, encoder_source_lengths(encoder_out))
-        return super().extract_features(prev_output_tokens, encoder_out, *args, **kwargs)
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, *args, **kwargs):
+        # A step feeds fairseq only the last token: its position is the prefix's length − 1, as for
+        # fairseq's own position embeddings (the cached keys hold the positions before it).
+        offset = prev_output_tokens.size(1) - 1 if incremental_state is not None else 0
+        lengths = encoder_source_lengths(encoder_out) if self.needs_source_lengths else None
+        with bound(PositionContext(offset, lengths)):
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state, *args, **kwargs)
 
     def max_positions(self) -> int:
         return UNBOUNDED_POSITIONS

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope import rotary_tables
 from fairseq_rope.rotary import RotaryEmbedding, cos_sin
 from tests.rope_reference import unit_roundoff
@@ -61,10 +62,10 @@ def test_alternating_devices_and_dtypes_get_their_own_tables_through_the_encodin
     for where, dtype in [(device, torch.float16), (cpu, torch.float32), (device, torch.float16),
                          (device, torch.bfloat16), (device, torch.float32), (cpu, torch.float32)]:
         x = torch.ones(1, 1, 3, ROPE_DIM, dtype=dtype, device=where)
-        q, k = encoding.encode_qk(x, x, offset=4)
+        q, k = encoding.encode_qk(x, x, PositionContext(4))
         assert (q.device, q.dtype, k.device, k.dtype) == (where, dtype, where, dtype)
         with torch.inference_mode():  # a decoding step: the per-table step multipliers
-            step = encoding.encode_step(torch.ones(2, 3, 1, ROPE_DIM, dtype=dtype, device=where), 4, 0.5)
+            step = encoding.encode_step(torch.ones(2, 3, 1, ROPE_DIM, dtype=dtype, device=where), PositionContext(4), 0.5)
         assert {(t.device, t.dtype) for t in step} == {(where, dtype)}
     tables = {(key[2], key[3]) for key in rotary_tables._TABLES}
     assert tables == {(cpu, torch.float32), (device, torch.float16), (device, torch.bfloat16), (device, torch.float32)}

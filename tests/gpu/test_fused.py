@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope import rotary
 from fairseq_rope.benchmark import launch_counts
 from fairseq_rope.rotary import RotaryEmbedding
@@ -34,12 +35,12 @@ def test_the_fused_rotation_is_the_default_on_cuda(device):
 def encoded(setting: str, encoding: RotaryEmbedding, qkv: torch.Tensor, upstream):
     leaf = qkv.detach().clone().requires_grad_()
     with rotary.fused_rotation(setting):
-        out = encoding.encode_qkv(leaf, 5)
+        out = encoding.encode_qkv(leaf, PositionContext(5))
         torch.autograd.backward(out, tuple(upstream))
         with torch.inference_mode():
-            steps = [encoding.encode_step(qkv[t].detach(), t, HEAD_DIM**-0.5) for t in range(4)]
+            steps = [encoding.encode_step(qkv[t].detach(), PositionContext(t), HEAD_DIM**-0.5) for t in range(4)]
         with torch.no_grad():
-            full = encoding.encode_qkv(qkv[:4].detach(), 0)
+            full = encoding.encode_qkv(qkv[:4].detach(), PositionContext(0))
     return [t.detach() for t in out], leaf.grad, steps, full
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.rotary import RotaryEmbedding, apply_rotary
 from tests.gpu.conftest import DTYPES
 from tests.rope_reference import THETA, angles64, assert_rotation, random_input
@@ -48,7 +49,7 @@ def test_encode_qk_is_eq34_and_its_gradient_the_inverse_rotation(device, dtype, 
                                 for i in range(4))
         q.requires_grad_()
         k.requires_grad_()
-        rotated_q, rotated_k = encoding.encode_qk(q, k, offset)
+        rotated_q, rotated_k = encoding.encode_qk(q, k, PositionContext(offset))
         assert_rotation(rotated_q, q, positions, rope_dim, layout, dtype, device)
         assert_rotation(rotated_k, k, positions, rope_dim, layout, dtype, device)
         torch.autograd.backward((rotated_q, rotated_k), (grad_q, grad_k))
@@ -67,7 +68,7 @@ def test_encode_step_is_eq34_with_the_query_scaling_folded_in(device, dtype, lay
     for offset in (0, 1, 7, 3000):
         qkv = random_input((4, 3, HEADS, HEAD_DIM), dtype, device, seed=offset)
         with torch.inference_mode():  # as the attention's decoding step calls it
-            q, k, v = encoding.encode_step(qkv, offset, scale)
+            q, k, v = encoding.encode_step(qkv, PositionContext(offset), scale)
         # One position per step: the reference sees each as a sequence of length 1.
         assert_rotation(q[:, :, None], qkv[:, 0, :, None], [offset], rope_dim, layout, dtype, device, scale)
         assert_rotation(k[:, :, None], qkv[:, 1, :, None], [offset], rope_dim, layout, dtype, device)

@@ -1,7 +1,7 @@
 """A whole model through the fused rotation (interpreted on the CPU) against the PyTorch path: a
 training step (loss and every parameter's gradient) and a beam search (the same hypotheses,
 scores within rounding), in fp32; the kernel launched twice per self-attention layer and
-training step, once per layer and decoding step."""
+training step, once per encoder layer in a beam search (its steps rotate with PyTorch)."""
 
 from __future__ import annotations
 
@@ -72,9 +72,8 @@ def test_beam_search_equals_the_pytorch_path(paths, model):
         fused = beam_search()
     with paths("pytorch"):
         expected = beam_search()
-    # One launch per encoder layer, then one per decoder layer and step.
-    steps, rest = divmod(len(launches) - len(model.encoder.layers), len(model.decoder.layers))
-    assert rest == 0 and steps >= 2, launches
+    # One launch per encoder layer; the decoding steps rotate one position each, with PyTorch.
+    assert len(launches) == len(model.encoder.layers), launches
     for fused_beam, beam in zip(fused, expected):
         assert [h["tokens"].tolist() for h in fused_beam] == [h["tokens"].tolist() for h in beam]
         for fused_hypo, hypo in zip(fused_beam, beam):

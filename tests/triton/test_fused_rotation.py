@@ -5,12 +5,14 @@ equal to the full pass's, bit for bit."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import pytest
 import torch
 from torch import Tensor
 
+from fairseq_rope import rotary
+from fairseq_rope.position_context import PositionContext
 from fairseq_rope.rope_scaling import RopeScaling
 from fairseq_rope.rotary import RotaryEmbedding
 from tests.rope_reference import THETA, assert_rotation, random_input, unit_roundoff
@@ -53,7 +55,7 @@ def test_kernel_is_eq34_and_its_gradient_the_inverse_rotation(paths, dtype, layo
         q.requires_grad_()
         k.requires_grad_()
         with paths("fused") as launches:
-            rotated_q, rotated_k = encoding.encode_qk(q, k, offset)
+            rotated_q, rotated_k = encoding.encode_qk(q, k, PositionContext(offset))
             torch.autograd.backward((rotated_q, rotated_k), (grad_q, grad_k))
         assert len(launches) == 2  # q and k together, forward and backward
         assert_rotation(rotated_q, q, positions, rope_dim, layout, dtype, CPU)
@@ -68,12 +70,13 @@ def packed_projection(length: int, batch: int, dtype: torch.dtype, seed: int) ->
     return random_input((length, batch, 3, HEADS, HEAD_DIM), dtype, CPU, seed).requires_grad_()
 
 
-def through(paths, path: str, encoding: RotaryEmbedding, qkv: Tensor, offset: int, upstream: Sequence[Tensor]):
+def through(paths, path: str, encoding: RotaryEmbedding, qkv: Tensor, offset: int, upstream: Sequence[Tensor],
+            lengths: Optional[Tensor] = None):
     """encode_qkv's q, k, v and the gradient of qkv, on the fused or the PyTorch path; and the
     kernel's launches."""
     leaf = qkv.detach().clone().requires_grad_()
     with paths(path) as launches:
-        out = encoding.encode_qkv(leaf, offset)
+        out = encoding.encode_qkv(leaf, PositionContext(offset, lengths))
         torch.autograd.backward(out, tuple(upstream))
     return [t.detach() for t in out], leaf.grad, len(launches)
 
@@ -114,7 +117,7 @@ def test_awkward_strides_give_the_same_rotation(paths, dtype, layout, case):
         x = base[1:].view(2, 6, HEADS, HEAD_DIM).transpose(1, 2)
     encoding = RotaryEmbedding(HEAD_DIM, 10, THETA, layout)
     with paths("fused"):
-        fused = encoding.encode_qk(x, x, 11)
+        fused = encoding.encode_qk(x, x, PositionContext(11))
     assert_rotation(fused[0], x, range(11, 17), 10, layout, dtype, CPU)
     assert_rotation(fused[1], x, range(11, 17), 10, layout, dtype, CPU)
 
@@ -126,11 +129,11 @@ def test_every_scaling_equals_the_pytorch_path(paths, dtype, scaling, layout):
     """A fixed scaling: the kernel reads the scaled table (and YaRN folds 1/t into q's scale); a
     dynamic one: each batch row reads its own sentence's table."""
     encoding = RotaryEmbedding(HEAD_DIM, 12, THETA, layout, SCALINGS[scaling])
-    encoding.set_source_lengths(torch.tensor([3, 30]))  # row 1 past L: scaled; row 0 not
+    lengths = torch.tensor([3, 30])  # row 1 past L: scaled; row 0 not
     qkv = packed_projection(6, 2, dtype, seed=5)
     upstream = [random_input((2, HEADS, 6, HEAD_DIM), dtype, CPU, seed=20 + i) for i in range(3)]
-    fused, fused_grad, _ = through(paths, "fused", encoding, qkv, 4, upstream)
-    pytorch, pytorch_grad, _ = through(paths, "pytorch", encoding, qkv, 4, upstream)
+    fused, fused_grad, _ = through(paths, "fused", encoding, qkv, 4, upstream, lengths)
+    pytorch, pytorch_grad, _ = through(paths, "pytorch", encoding, qkv, 4, upstream, lengths)
     for got, expected in zip(fused, pytorch):
         close_to(got, expected, dtype)
     close_to(fused_grad, pytorch_grad, dtype)
@@ -140,12 +143,10 @@ def test_every_scaling_equals_the_pytorch_path(paths, dtype, scaling, layout):
         assert not torch.allclose(fused[1][1], plain[1][1])
 
 
-def steps(paths, path: str, encoding: RotaryEmbedding, qkv: Tensor, q_scale: float):
+def steps(encoding: RotaryEmbedding, qkv: Tensor, q_scale: float):
     """Each position of qkv (T, B, 3, H, D) as a decoding step (inference mode), stacked over T."""
-    out = []
-    with paths(path), torch.inference_mode():
-        for t in range(qkv.size(0)):
-            out.append(encoding.encode_step(qkv[t].detach(), t, q_scale))
+    with torch.inference_mode():
+        out = [encoding.encode_step(qkv[t].detach(), PositionContext(t), q_scale) for t in range(qkv.size(0))]
     return [torch.stack(parts, dim=2) for parts in zip(*out)]  # each (B, H, T, D)
 
 
@@ -153,27 +154,34 @@ def steps(paths, path: str, encoding: RotaryEmbedding, qkv: Tensor, q_scale: flo
 @ROPE_DIMS
 @LAYOUTS
 @pytest.mark.parametrize("scaling", [None, "yarn"])
-def test_decoding_steps_cache_the_full_pass_keys_bit_for_bit(paths, dtype, layout, rope_dim, scaling):
-    """A step's q, k and v in one launch, each contiguous (the caches append contiguous tensors),
-    q scaled by 1/√d (and YaRN's 1/t); its keys equal the fused full pass's to the bit, its
-    queries the PyTorch step's within a few roundings."""
+def test_decoding_steps_rotate_with_pytorch_where_the_kernel_is_on(paths, monkeypatch, kernels, dtype, layout,
+                                                                    rope_dim, scaling):
+    """A step rotates one position: host time, which a launch only adds to. With the kernel on, the
+    steps launch nothing; their q (scaled by 1/√d and YaRN's 1/t) and k, each contiguous, and v
+    are the PyTorch path's to the bit and the fused full pass's within a few roundings."""
     encoding = RotaryEmbedding(HEAD_DIM, rope_dim, THETA, layout, SCALINGS.get(scaling))
     qkv = packed_projection(5, 3, dtype, seed=6)
     q_scale = HEAD_DIM**-0.5
-    fused = steps(paths, "fused", encoding, qkv, q_scale)
+    launches = []
+    with monkeypatch.context() as patch, rotary.fused_rotation("interpret"):
+        patch.setattr(kernels, "rotate", lambda *args, **kwargs: launches.append(args))
+        fused_setting = steps(encoding, qkv, q_scale)
+    assert not launches
+    with rotary.fused_rotation("0"):
+        pytorch = steps(encoding, qkv, q_scale)
+    for got, expected in zip(fused_setting, pytorch):
+        assert torch.equal(got, expected)
     with paths("fused"), torch.no_grad():
-        full = encoding.encode_qkv(qkv, 0)
-    assert torch.equal(fused[1], full[1]) and torch.equal(fused[2], full[2])
-    pytorch = steps(paths, "pytorch", encoding, qkv, q_scale)
-    close_to(fused[0], pytorch[0], dtype, q_scale)
-    close_to(fused[1], pytorch[1], dtype)
-    with paths("fused") as launches, torch.inference_mode():
-        q, k, v = encoding.encode_step(qkv[0].detach(), 0, q_scale)
-    assert len(launches) == 1 and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        full = encoding.encode_qkv(qkv, PositionContext(0))
+    close_to(fused_setting[0], full[0] * q_scale, dtype, q_scale)
+    close_to(fused_setting[1], full[1], dtype)
+    assert torch.equal(fused_setting[2], full[2])
+    with torch.inference_mode():
+        q, k, _ = encoding.encode_step(qkv[0].detach(), PositionContext(0), q_scale)
+    assert q.is_contiguous() and k.is_contiguous()
 
 
 def test_opt_out_variable_selects_the_pytorch_path(monkeypatch, kernels):
-    from fairseq_rope import rotary
 
     for setting, devices in (("0", frozenset()), ("interpret", frozenset({"cuda", "cpu"})),
                              ("auto", frozenset({"cuda"}) if torch.cuda.is_available() else frozenset())):
