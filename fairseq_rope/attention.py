@@ -127,7 +127,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
         """q, k, v as (B, H, T, D), q and k encoded, and the factor that still scales q: one matmul
         with the packed weights (with gradients through :class:`_PackedLinear`), else three. A
         decoding step of a q/k-only encoding takes q, k and v of its one position in one call that
-        also scales q by 1/√d."""
+        also scales q by 1/√d (its q then comes as (B, H, D))."""
         tgt_len, bsz, _ = query.size()
         encoding: PositionEncoding = self._modules["position_encoding"]  # (no nn.Module.__getattr__ per step)
         projections = (self.q_proj, self.k_proj, self.v_proj)
@@ -148,7 +148,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
             qkv = F.linear(query, *packed)  # (T, B, 3C)
         if step and encoding.qk_only:
             q, k, v = encoding.encode_step(qkv.view(bsz, 3, self.num_heads, self.head_dim), context, self.scaling)
-            return q[:, :, None], k[:, :, None], v[:, :, None], 1.0
+            return q, k.unsqueeze(2), v.unsqueeze(2), 1.0  # q (B, H, D): a step's one query
         q, k, v = encoding.encode_qkv(qkv.view(tgt_len, bsz, 3, self.num_heads, self.head_dim), context)
         return q, k, v, self.scaling
 
@@ -228,7 +228,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
             mask = context.shared(("additive mask", q.dtype, torch.is_inference_mode_enabled()),
                                   lambda: additive_mask(attn_mask, key_padding_mask, q.dtype))
         if step or need_weights or encoding.needs_probabilities:
-            out, weights = self._attend_explicitly(q, k, v, mask, context, q_scale, need_weights)
+            out, weights = self._attend_explicitly(q.reshape(-1, tgt_len, self.head_dim), k, v, mask, context,
+                                                   q_scale, need_weights)
             if weights is not None:
                 weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         else:
@@ -240,7 +241,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
             weights = None
         # A single query's output already lies in (1, B, C) order for out_proj: no permute copy.
         out = out.view(1, bsz, self.embed_dim) if tgt_len == 1 else (
-            out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim))
+            out.view(bsz, self.num_heads, tgt_len, self.head_dim).permute(2, 0, 1, 3).reshape(
+                tgt_len, bsz, self.embed_dim))
         return _project(self.out_proj, out), weights
 
     def _extend_cache(
@@ -283,26 +285,28 @@ class PositionalMultiheadAttention(MultiheadAttention):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Softmax attention that materializes the probabilities: for a decoding step (one query:
         two small matmuls beat a fused kernel), for the weights when asked, and for encodings that
-        need the probabilities. q, k, v: (B, H, T or S, D), q times ``q_scale`` is the scaled query;
-        returns the output (B, H, T, D) and, when asked, the per-head weights (B, H, T, S)."""
+        need the probabilities. q: (B·H, T, D), heads folded into the batch for ``bmm`` (without
+        matmul's broadcasting work), q times ``q_scale`` the scaled query; k, v: (B, H, S, D).
+        Returns the output (B·H, T, D) and, when asked, the per-head weights (B, H, T, S)."""
         encoding = self._modules["position_encoding"]
-        bsz, heads, tgt_len, head_dim = q.shape
-        src_len = k.size(2)
-        # Heads folded into the batch: bmm, without matmul's broadcasting work.
+        heads, head_dim = self.num_heads, self.head_dim
+        tgt_len, src_len = q.size(1), k.size(2)
         scaled = q * q_scale if q_scale != 1.0 else q
-        logits = torch.bmm(scaled.reshape(-1, tgt_len, head_dim), k.reshape(-1, src_len, head_dim).transpose(1, 2))
-        bias = encoding.logit_bias(q, context, src_len)  # an encoding that has one never folds q_scale
-        if bias is not None:
-            mask = bias if mask is None else bias + mask
+        logits = torch.bmm(scaled, k.reshape(-1, src_len, head_dim).transpose(1, 2))  # (B·H, T, S)
+        if not encoding.qk_only:  # an encoding that has these terms never folds q_scale into q
+            bias = encoding.logit_bias(q.view(-1, heads, tgt_len, head_dim), context, src_len)
+            if bias is not None:
+                mask = bias if mask is None else bias + mask
         if mask is not None:
-            logits = (logits.view(bsz, heads, tgt_len, src_len) + mask).view(-1, tgt_len, src_len)
+            logits = (logits.view(-1, heads, tgt_len, src_len) + mask).view(-1, tgt_len, src_len)
         weights = _softmax(logits)
         probs = self._modules["dropout_module"](weights) if self._dropout_p() else weights
-        out = torch.bmm(probs, v.reshape(-1, src_len, head_dim)).view(bsz, heads, tgt_len, head_dim)
-        value_term = encoding.value_term(probs.view(bsz, heads, tgt_len, src_len), context)
-        if value_term is not None:
-            out = out + value_term
-        return out, weights.view(bsz, heads, tgt_len, src_len) if need_weights else None
+        out = torch.bmm(probs, v.reshape(-1, src_len, head_dim))
+        if not encoding.qk_only:
+            value_term = encoding.value_term(probs.view(-1, heads, tgt_len, src_len), context)
+            if value_term is not None:
+                out = out + value_term.reshape(-1, tgt_len, head_dim)
+        return out, weights.view(-1, heads, tgt_len, src_len) if need_weights else None
 
 
 class _PackedLinear(torch.autograd.Function):

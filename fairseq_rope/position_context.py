@@ -21,9 +21,8 @@ same positions; only a scaling by source length then has no lengths, and says so
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from typing import Any, Callable, Dict, Hashable, Iterator, Optional
+from typing import Any, Callable, Dict, Hashable, Optional
 
 from torch import Tensor
 
@@ -59,14 +58,21 @@ _CURRENT: contextvars.ContextVar[Optional[PositionContext]] = contextvars.Contex
 )
 
 
-@contextlib.contextmanager
-def bound(context: PositionContext) -> Iterator[PositionContext]:
-    """``context`` is :func:`current` in this thread (and task) for the duration."""
-    token = _CURRENT.set(context)
-    try:
-        yield context
-    finally:
-        _CURRENT.reset(token)
+class bound:
+    """``with bound(context):`` makes ``context`` :func:`current` in this thread (and task) for the
+    duration. A class, not a generator: it is entered once per decoding step."""
+
+    __slots__ = ("context", "_token")
+
+    def __init__(self, context: PositionContext) -> None:
+        self.context = context
+
+    def __enter__(self) -> PositionContext:
+        self._token = _CURRENT.set(self.context)
+        return self.context
+
+    def __exit__(self, *exc_info: object) -> None:
+        _CURRENT.reset(self._token)
 
 
 def current() -> Optional[PositionContext]:
