@@ -61,11 +61,11 @@ def run_process(command: Sequence[str], stdin: Path) -> Tuple[float, float, List
 class Server:
     """``fairseq-rope-serve`` on a free loopback port, timed from its start to its first answer."""
 
-    def __init__(self, model_dir: Path, threads: int) -> None:
+    def __init__(self, model_dir: Path, threads: int, *options: str) -> None:
         start = time.perf_counter()
         self.process = subprocess.Popen(
             [*script("fairseq-rope-serve"), str(model_dir), "--port", "0", "--intra-threads", str(threads),
-             "--log-level", "warning", "--max-queued-sentences", "100000"],
+             "--log-level", "warning", "--max-queued-sentences", "100000", *options],
             stderr=subprocess.PIPE, text=True)
         for line in self.process.stderr:
             found = re.search(r"on http://127\.0\.0\.1:(\d+)", line)

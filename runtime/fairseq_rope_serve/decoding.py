@@ -14,10 +14,14 @@ one by score / length^P (EOS counted in the length). The options below close the
   so with A > 0 this is the lower of the two), capped by a position table; sentences are
   decoded in groups of one limit (one group with A = 0). At the limit fairseq forces an EOS
   and scores it, CTranslate2 just stops: hypotheses that reach the limit get the EOS's
-  log-probability added and their score recomputed here (:func:`_close_at_limit`);
-* ``suppress_sequences=[[pad]]``: fairseq never emits ``<pad>``; ``max_input_length=0``:
-  no truncation of long sources (CTranslate2 cuts them at 1024 tokens by default); models with
-  a position table keep theirs;
+  log-probability added and their score recomputed here (:func:`_best_at_limit`: the
+  sentences at the limit decoded again in one call, their open hypotheses scored in one);
+* ``suppress_sequences=[[pad]]``: fairseq never emits ``<pad>``;
+* the source bound: a sentence's source is cut here to :func:`max_source_subwords` subwords
+  (the export's ``max_source_positions`` less its EOS, else :data:`DEFAULT_MAX_SOURCE_POSITIONS`
+  less one), and CTranslate2 gets ``max_input_length=0``, so that the search and the re-scoring
+  at the limit see the same source; the hypothesis says so (``source_truncated``). Without a
+  bound, one "word" of thousands of subwords costs quadratically more than text of its size;
 * ``min_decoding_length=1``: no empty translation, as fairseq's ``--min-len 1``.
 
 What remains: CTranslate2 masks tokens *before* its softmax, fairseq after, so its
@@ -29,7 +33,7 @@ step 0), not its tokens; docs/deploy.md gives the agreement measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from fairseq_rope_serve.model_dir import ModelDirectory
@@ -55,11 +59,24 @@ class Decoding:
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A sentence's best hypothesis: subword tokens (no EOS) and fairseq's score
-    (Σ log p over the tokens and EOS, divided by (tokens + 1)^lenpen; natural log)."""
+    """A sentence's hypothesis: subword tokens (no EOS) and fairseq's score
+    (Σ log p over the tokens and EOS, divided by (tokens + 1)^lenpen; natural log).
+    ``source_truncated``: its source was longer than :func:`max_source_subwords` and cut."""
 
     tokens: List[str]
     score: float
+    source_truncated: bool = False
+
+
+#: The source bound of a model without a position table (positions counted with the EOS, as
+#: fairseq's ``max_source_positions``): fairseq's default, near what the models are trained on.
+DEFAULT_MAX_SOURCE_POSITIONS = 1024
+
+
+def max_source_subwords(model: ModelDirectory) -> int:
+    """Subwords of one source sentence the model is given (more are cut): its position
+    table's size (or :data:`DEFAULT_MAX_SOURCE_POSITIONS`) less the EOS."""
+    return max((model.max_source_positions or DEFAULT_MAX_SOURCE_POSITIONS) - 1, 1)
 
 
 def length_limit(source_tokens: int, decoding: Decoding, max_target_positions: Optional[int]) -> int:
@@ -81,7 +98,7 @@ def translate_options(decoding: Decoding, model: ModelDirectory) -> Dict[str, An
         "return_end_token": True,  # tells the hypotheses stopped by the limit (no EOS)
         "min_decoding_length": 1,
         "suppress_sequences": [[model.pad_token]],
-        "max_input_length": model.max_source_positions or 0,
+        "max_input_length": 0,  # the sources come cut to max_source_subwords (translate_nbest)
         "patience": 1.0,
     }
 
@@ -95,52 +112,83 @@ def translate(translator, sources: Sequence[List[str]], decoding: Decoding, mode
     limit is computed from; default its own. fairseq-generate takes the longest source of the
     sentence's batch: fairseq-rope's ``fairseq_rope.deploy.generate`` passes that, batching as it does.
     """
+    return [hypotheses[0] for hypotheses in translate_nbest(translator, sources, decoding, model, max_batch_size,
+                                                            batch_type, limit_lengths)]
+
+
+def translate_nbest(translator, sources: Sequence[List[str]], decoding: Decoding, model: ModelDirectory,
+                    max_batch_size: int = 0, batch_type: str = "examples",
+                    limit_lengths: Optional[Sequence[int]] = None) -> List[List[Hypothesis]]:
+    """The hypotheses of each source, best first (the best is :func:`translate`'s; up to
+    ``beam`` of them), in input order. Sources are cut to :func:`max_source_subwords`."""
     options = translate_options(decoding, model)
-    lengths = [len(s) for s in sources] if limit_lengths is None else limit_lengths
+    bound = max_source_subwords(model)
+    cut = [list(s[:bound]) for s in sources]
+    lengths = [len(s) for s in cut] if limit_lengths is None else [min(n, bound) for n in limit_lengths]
     groups: Dict[int, List[int]] = {}
     for i, n in enumerate(lengths):
         groups.setdefault(length_limit(n, decoding, model.max_target_positions), []).append(i)
-    best: List[Optional[Hypothesis]] = [None] * len(sources)
+    nbest: List[List[Hypothesis]] = [[] for _ in sources]
     for limit, indices in sorted(groups.items()):
-        batch = [list(sources[i]) for i in indices]
+        batch = [cut[i] for i in indices]
         results = translator.translate_batch(batch, max_decoding_length=limit, max_batch_size=max_batch_size,
                                              batch_type=batch_type, **options)
-        for i, source, result in zip(indices, batch, results):
+        at_limit = []
+        for i, result in zip(indices, results):
             if all(tokens[-1:] == [model.eos_token] for tokens in result.hypotheses):
-                best[i] = Hypothesis(result.hypotheses[0][:-1], result.scores[0])
+                nbest[i] = [Hypothesis(tokens[:-1], score) for tokens, score in zip(result.hypotheses, result.scores)]
             else:
-                best[i] = _best_at_limit(translator, source, limit, options, decoding, model.eos_token)
-    return best  # type: ignore[return-value]
+                at_limit.append(i)
+        if at_limit:
+            for i, hypotheses in zip(at_limit, _best_at_limit(translator, [cut[i] for i in at_limit], limit, options,
+                                                              decoding, model.eos_token, max_batch_size, batch_type)):
+                nbest[i] = hypotheses
+    return [[replace(h, source_truncated=len(source) > bound) for h in hypotheses]
+            for source, hypotheses in zip(sources, nbest)]
 
 
-def _best_at_limit(translator, source: List[str], limit: int, options: Mapping[str, Any],
-                   decoding: Decoding, eos: str) -> Hypothesis:
-    """fairseq's choice for a sentence whose search reached the length limit.
+def _best_at_limit(translator, sources: List[List[str]], limit: int, options: Mapping[str, Any],
+                   decoding: Decoding, eos: str, max_batch_size: int = 0,
+                   batch_type: str = "examples") -> List[List[Hypothesis]]:
+    """fairseq's choice for sentences whose search reached the length limit: their
+    hypotheses, best first.
 
     fairseq forces an EOS at the limit and scores it; CTranslate2 registers the hypotheses as
-    they are, and may return them instead of better-scoring finished ones. So the sentence is
+    they are, and may return them instead of better-scoring finished ones. So the sentences are
     decoded again with every finished hypothesis kept (patience 2: the beams move as before,
     the search just goes on), and fairseq's finished list rebuilt from them: by the step
     they finished at, then by fairseq's candidate score (Σ log p), the first ``beam`` ones;
     those at the limit get their EOS's log-probability. The best of those by score / (tokens +
     1)^lenpen is fairseq's. (fairseq's hypotheses at the limit come from its 2B candidates of
     the step before, these from the best B of them: a difference only where a lower candidate
-    would win once its EOS is scored.)
+    would win once its EOS is scored.) One ``translate_batch`` call for all the sentences and
+    one ``score_batch`` call for all their open hypotheses: each encodes a source once per
+    example, so a call per hypothesis cost a whole encoding each (most of the time of a long
+    source, measured).
     """
     lenpen = decoding.lenpen
-    result = translator.translate_batch(
-        [source], max_decoding_length=limit, **{**options, "patience": 2.0, "num_hypotheses": 2 * decoding.beam})[0]
-    finished = []  # (finishing step, -candidate score, hypothesis)
-    for tokens, score in zip(result.hypotheses, result.scores):
-        if tokens[-1:] == [eos]:
-            raw = score * len(tokens) ** lenpen  # CTranslate2 counts the EOS in the length, as fairseq
-            finished.append((len(tokens) - 1, -raw, Hypothesis(tokens[:-1], score)))
-        else:
-            eos_log_prob = translator.score_batch([source], [tokens], max_input_length=0)[0].log_probs[-1]
-            raw = score * len(tokens) ** lenpen + eos_log_prob
-            finished.append((len(tokens), -raw, Hypothesis(list(tokens), raw / (len(tokens) + 1) ** lenpen)))
-    kept = [h for *_, h in sorted(finished, key=lambda f: f[:2])][:decoding.beam]
-    return max(kept, key=lambda h: h.score)  # max() keeps the first of equal scores
+    results = translator.translate_batch(
+        sources, max_decoding_length=limit, max_batch_size=max_batch_size, batch_type=batch_type,
+        **{**options, "patience": 2.0, "num_hypotheses": 2 * decoding.beam})
+    open_ = [(s, tokens) for s, result in enumerate(results) for tokens in result.hypotheses if tokens[-1:] != [eos]]
+    scored = translator.score_batch([sources[s] for s, _ in open_], [tokens for _, tokens in open_],
+                                    max_input_length=0, max_batch_size=max_batch_size,
+                                    batch_type=batch_type) if open_ else []
+    eos_log_probs = {(s, tuple(tokens)): score.log_probs[-1] for (s, tokens), score in zip(open_, scored)}
+    out = []
+    for s, result in enumerate(results):
+        finished = []  # (finishing step, -candidate score, hypothesis)
+        for tokens, score in zip(result.hypotheses, result.scores):
+            if tokens[-1:] == [eos]:
+                raw = score * len(tokens) ** lenpen  # CTranslate2 counts the EOS in the length, as fairseq
+                finished.append((len(tokens) - 1, -raw, Hypothesis(tokens[:-1], score)))
+            else:
+                raw = score * len(tokens) ** lenpen + eos_log_probs[s, tuple(tokens)]
+                finished.append((len(tokens), -raw, Hypothesis(list(tokens), raw / (len(tokens) + 1) ** lenpen)))
+        kept = [h for *_, h in sorted(finished, key=lambda f: f[:2])][:decoding.beam]
+        # sorted() is stable: of equal scores the first kept stays first, as max() chose before.
+        out.append(sorted(kept, key=lambda h: -h.score))
+    return out
 
 
 def to_base2(score: float) -> float:

@@ -2,7 +2,9 @@
 
 One output line per input line, processed as :mod:`fairseq_rope_serve.translator` describes.
 Input is read and written in chunks, so it can be any size; progress goes to stderr once a
-run takes longer than a few seconds. A line that is not UTF-8 is an error naming it.
+run takes longer than a few seconds. A line that is not UTF-8 is an error naming it. A line
+longer than the model's bound (in subwords) is translated cut to it, and a warning on stderr
+names it.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, TextIO
+from typing import Iterable, Iterator, List, Optional, Sequence, TextIO
 
 from tqdm import tqdm
 
 from fairseq_rope_serve.common import FairseqRopeError, decode_lines, report_error
+from fairseq_rope_serve.decoding import max_source_subwords
 from fairseq_rope_serve.translator import TextTranslator
 
 
@@ -64,12 +67,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _write(model: TextTranslator, lines: Iterable[str], out: TextIO, quiet: bool) -> None:
+    chunk: List[str] = []  # the lines of the chunk being translated
+
+    def read() -> Iterator[str]:
+        for line in lines:
+            chunk.append(line)
+            yield line
+
+    done, cut = 0, []
+    bound = max_source_subwords(model.settings)
     # delay: a short input shows no bar at all.
     with tqdm(unit=" sentences", file=sys.stderr, disable=quiet, delay=3) as progress:
-        for translations in model.translate_chunks(lines):
+        for translations in model.translate_chunks(read()):
             out.writelines(line + "\n" for line in translations)
             out.flush()  # a chunk at a time, for whoever reads the output as it comes
+            if model.lines_cut > len(cut):  # rare: segmented again only to name them
+                cut += [done + i + 1 for i, s in enumerate(model.subwords(chunk)) if len(s) > bound]
+            done += len(translations)
+            chunk.clear()
             progress.update(len(translations))
+    if cut:
+        shown = ", ".join(map(str, cut[:10])) + (f" and {len(cut) - 10} more" if len(cut) > 10 else "")
+        print(f"warning: {len(cut)} line(s) longer than the model's {bound} subwords were translated cut to "
+              f"them: line {shown}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,16 @@ the settings and BPE codes saved in the model directory by ``fairseq-rope-export
 
 An empty (or blank) line gives an empty line. Each sentence is translated on its own (its
 own length limit, its own search): a translation does not depend on the other lines of the
-call, which is what lets the server batch concurrent requests together.
+call, which is what lets the server batch concurrent requests together. A line of more
+subwords than the model's bound (:func:`fairseq_rope_serve.decoding.max_source_subwords`:
+the export's ``max_source_positions`` less one, else 1,023) is cut there, and
+:meth:`TextTranslator.translate_full` says so.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
 from itertools import islice
 from types import ModuleType
 from typing import Iterable, Iterator, List, Optional, Sequence
@@ -25,7 +30,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence
 from fairseq_rope_serve.bpe import apply_subword_nmt, remove_bpe
 from fairseq_rope_serve.common import DeployError, PathLike
 from fairseq_rope_serve.decoding import Decoding
-from fairseq_rope_serve.decoding import translate as translate_subwords
+from fairseq_rope_serve.decoding import Hypothesis, translate_nbest
 from fairseq_rope_serve.model_dir import ModelDirectory
 from fairseq_rope_serve.text import detokenize, preprocess_line
 
@@ -33,6 +38,16 @@ from fairseq_rope_serve.text import detokenize, preprocess_line
 CTRANSLATE2_REQUIREMENT = "ctranslate2>=4.6.3,<5"
 #: Lines read, translated and written at a time (CTranslate2 sorts each chunk by length).
 CHUNK_LINES = 2000
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A line's translation, the others of its beam asked for (best first, each distinct from
+    ``text`` and from each other) and whether its source was cut to the model's bound."""
+
+    text: str
+    alternatives: List[str] = field(default_factory=list)
+    truncated: bool = False
 
 
 def require_ctranslate2() -> ModuleType:
@@ -75,6 +90,9 @@ class TextTranslator:
                                  decoding.max_len_a, decoding.max_len_b)
         self.translator = load_translator(model_dir, threads, device, compute_type, inter_threads)
         self.max_batch_size = max_batch_size
+        #: Lines translated cut to the model's bound so far (the translate command warns of them).
+        self.lines_cut = 0
+        self._lock = threading.Lock()
 
     def subwords(self, lines: Sequence[str]) -> List[List[str]]:
         """Normalized, tokenized and BPE-segmented source lines, as subword lists."""
@@ -83,15 +101,30 @@ class TextTranslator:
 
     def translate(self, lines: Sequence[str]) -> List[str]:
         """Translations of raw source ``lines``, one per line."""
+        return [t.text for t in self.translate_full(lines)]
+
+    def translate_full(self, lines: Sequence[str], alternatives: Sequence[int] = ()) -> List[Translation]:
+        """:class:`Translation` of each raw source line, with up to ``alternatives[i]`` other
+        translations of line ``i`` (default none; at most ``beam - 1``: the beam's hypotheses)."""
         sources = self.subwords(lines)
         todo = [i for i, s in enumerate(sources) if s]
-        hypotheses = translate_subwords(self.translator, [sources[i] for i in todo], self.decoding,
-                                        self.settings, max_batch_size=self.max_batch_size)
-        out = [""] * len(lines)
-        texts = detokenize([remove_bpe(h.tokens, self.settings.bpe_separator) for h in hypotheses],
+        nbest = translate_nbest(self.translator, [sources[i] for i in todo], self.decoding, self.settings,
+                                max_batch_size=self.max_batch_size)
+        wanted = [alternatives[i] if i < len(alternatives) else 0 for i in todo]
+        # Detokenized at once (one Moses call): the best, then the alternatives asked for.
+        chosen: List[Hypothesis] = [hypotheses[0] for hypotheses in nbest]
+        for hypotheses, n in zip(nbest, wanted):
+            chosen.extend(hypotheses[1:1 + max(0, n)])
+        texts = detokenize([remove_bpe(h.tokens, self.settings.bpe_separator) for h in chosen],
                            self.settings.target_lang)
-        for i, text in zip(todo, texts):
-            out[i] = text
+        out = [Translation("") for _ in lines]
+        others = iter(texts[len(todo):])
+        for i, text, hypotheses, n in zip(todo, texts, nbest, wanted):
+            rest = [next(others) for _ in hypotheses[1:1 + max(0, n)]]
+            distinct = [t for k, t in enumerate(rest) if t != text and t not in rest[:k]]
+            out[i] = Translation(text, distinct, hypotheses[0].source_truncated)
+        with self._lock:
+            self.lines_cut += sum(t.truncated for t in out)
         return out
 
     def translate_chunks(self, lines: Iterable[str], chunk_lines: Optional[int] = None) -> Iterator[List[str]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.serve.conftest import ServerProcess, post
+from tests.serve.conftest import ServerProcess, post, request
 
 #: Where `make setup` keeps the wheels of the runtime's dependencies (Makefile: RUNTIME_WHEELS).
 WHEELS = Path(sys.prefix) / "runtime-wheels"
@@ -77,6 +77,16 @@ def test_translate_and_serve_commands(alone, exported, raw_test_set, fairseq_tra
     try:
         reply = post(server.port, {"q": raw_test_set[:5], "source": "en", "target": "de"})
         assert (reply.status, reply.body) == (200, {"translatedText": fairseq_translations("rope")[:5]})
+        # LibreTranslate's other paths, on the dependencies installed with it alone: CLD2,
+        # BeautifulSoup and python-multipart.
+        reply = post(server.port, {"q": f"<p>{raw_test_set[0]}</p>", "source": "auto", "target": "de",
+                                   "format": "html"})
+        assert reply.body == {"translatedText": f"<p>{fairseq_translations('rope')[0]}</p>",
+                              "detectedLanguage": {"confidence": reply.body["detectedLanguage"]["confidence"],
+                                                   "language": "en"}}
+        body = (b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin Mann f\xc3\xa4hrt Fahrrad.\r\n--b--\r\n')
+        reply = request(server.port, "POST", "/detect", body, {"Content-Type": "multipart/form-data; boundary=b"})
+        assert (reply.status, reply.body[0]["language"]) == (200, "de")
     finally:
         assert server.stop()[0] == 0
 

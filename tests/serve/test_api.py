@@ -43,7 +43,8 @@ def test_translate_a_form_as_libretranslates_own_client_sends(port, raw_test_set
 
 
 def test_languages_and_health(port):
-    assert request(port, "GET", "/languages").body == [{"code": "en", "name": "English", "targets": ["de"]}]
+    assert request(port, "GET", "/languages").body == [{"code": "en", "name": "English", "targets": ["de"]},
+                                                       {"code": "de", "name": "German", "targets": []}]
     health = request(port, "GET", "/health")
     assert health.status == 200 and health.body["status"] == "ok"
     assert (health.body["source"], health.body["target"]) == ("en", "de")
@@ -67,8 +68,10 @@ REFUSALS = [
     ({**GOOD, "q": [" ", "\n"]}, 400, "q is empty: nothing to translate"),
     ({**GOOD, "source": "de", "target": "en"}, 400,
      "this server translates en to de, not de to en (GET /languages)"),
-    ({**GOOD, "source": "auto"}, 400, "this server translates en to de, not auto to de (GET /languages)"),
-    ({**GOOD, "format": "html"}, 400, "format 'html' is not supported: text only"),
+    ({**GOOD, "source": "fr"}, 400, "this server translates en to de, not fr to de (GET /languages)"),
+    ({**GOOD, "format": "xml"}, 400, "format 'xml' is not supported: text or html"),
+    ({**GOOD, "alternatives": "two"}, 400, "alternatives must be a whole number"),
+    ({**GOOD, "alternatives": 4}, 400, "alternatives must be at most 3 (the beam's other hypotheses)"),
     ({**GOOD, "q": "a" * 601}, 413, "q has 601 characters, more than this server's limit of 600"),
     ({**GOOD, "q": ["a" * 300, "b" * 301]}, 413, "q has 601 characters, more than this server's limit of 600"),
     ({**GOOD, "q": "a\n" * 6 + "a"}, 413, "q has 7 lines (sentences), more than this server's limit of 6"),
@@ -125,13 +128,14 @@ def test_an_unexpected_error_is_a_500_without_its_traceback(exported):
     model = TextTranslator(exported("rope"), threads=1)
     calls = []
 
-    def translate(lines):
+    def translate_full(lines, alternatives=()):
         calls.append(lines)
         if len(calls) == 1:
             raise RuntimeError("secret detail of the failure")
-        return model.translate(lines)
+        return model.translate_full(lines, alternatives)
 
-    with app_server(create_app(SimpleNamespace(settings=model.settings, translate=translate))) as port:
+    fake = SimpleNamespace(settings=model.settings, decoding=model.decoding, translate_full=translate_full)
+    with app_server(create_app(fake)) as port:
         reply = post(port, GOOD)
         assert (reply.status, reply.body) == (500, {"error": "internal error; the server's log has the details"})
         assert post(port, GOOD).body == {"translatedText": model.translate(["Hello."])[0]}

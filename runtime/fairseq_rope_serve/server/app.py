@@ -1,30 +1,35 @@
-"""The HTTP API, shaped as LibreTranslate's so that its clients work unchanged.
+"""The HTTP API, shaped as LibreTranslate's (v1.9) so that its clients work unchanged.
 
-* ``POST /translate``: a JSON object (or an HTML form) with ``q`` (a string or a list of
-  strings), ``source``, ``target``, optional ``format`` (``text``, the only one) and
-  ``api_key``; answered with ``{"translatedText": …}`` of the same shape as ``q``. Each line
-  of a string is a sentence, translated as ``fairseq-rope-translate`` translates a line.
-* ``GET /languages``: ``[{"code", "name", "targets"}]``, the model's one pair.
-* ``GET /health``: ``{"status": "ok", …}`` with the model's pair, the work in progress and
-  the batches translated so far (with the requests they held).
+* ``POST /translate``: ``q`` (a string or a list of strings), ``source`` (the model's source
+  language, or ``auto``), ``target``, optional ``format`` (``text`` or ``html``),
+  ``alternatives`` (up to the beam's other hypotheses) and ``api_key``; answered with
+  ``{"translatedText": …}`` of the same shape as ``q``, with ``detectedLanguage`` for ``auto``,
+  ``alternatives`` when asked for and ``truncated`` when a sentence was longer than the model's
+  bound and translated cut. Each line of a text is a sentence (each text node of an HTML one),
+  translated as ``fairseq-rope-translate`` translates a line.
+* ``POST /detect``: ``q``; ``[{"confidence", "language"}]`` among the model's two languages.
+* ``GET /languages``: both languages, the source with ``targets: [target]``, the target with
+  ``targets: []``; ``GET /frontend/settings``: LibreTranslate's settings of its page.
+* ``GET /health``: ``{"status": "ok", …}`` with the model's pair, the workers alive, the work in
+  progress and the batches translated so far; 503 and ``"status": "error"`` once a worker is gone.
 
-Every refusal is ``{"error": message}`` with its status: 400 for a body that is no JSON
-object or form, a field of the wrong type, an empty ``q``, a pair the model does not translate;
-403 for a wrong or missing ``api_key`` when the server has one; 413 for a body, text or number
-of sentences over the limits (the body's declared size is checked before it is read, its
-actual size while it is); 503 when too many sentences are waiting. An unexpected error is a
-500 with a generic message; its traceback goes to the server's log, never to the client.
+The fields may come as JSON, an HTML form (urlencoded or multipart) or the query string
+(:mod:`~fairseq_rope_serve.server.fields`). Every refusal is ``{"error": message}`` with its
+status: 400 for a body that is not what its type says, a field of the wrong type, an empty
+``q``, a pair the model does not translate; 403 for a wrong or missing ``api_key`` when the
+server has one; 413 for a body, text or number of sentences over the limits (the body's
+declared size is checked before it is read, its actual size while it is); 503 when too many
+sentences are waiting or no worker is left. An unexpected error is a 500 with a generic
+message; its traceback goes to the server's log, never to the client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
+import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, List, Optional, Union
-from urllib.parse import parse_qs
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,13 +39,22 @@ from starlette.routing import Route
 
 from fairseq_rope_serve.common import split_lines
 from fairseq_rope_serve.server.batcher import Batcher, Busy
-from fairseq_rope_serve.translator import TextTranslator
+from fairseq_rope_serve.server.detect import detect_languages
+from fairseq_rope_serve.server.fields import FieldsError, request_fields
+from fairseq_rope_serve.server.html import HtmlText, join_html, split_html
+from fairseq_rope_serve.server.validate import AUTO, RequestError, TranslateQuery, check_key, detect_text, \
+    translate_query
+from fairseq_rope_serve.translator import TextTranslator, Translation
 
 #: Names of the languages /languages lists (others by their code).
 LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
                   "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pt": "Portuguese",
                   "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "zh": "Chinese"}
-FORM = "application/x-www-form-urlencoded"
+#: LibreTranslate's default wait before its page translates what is typed (ms), for /frontend/settings.
+FRONTEND_TIMEOUT_MS = 500
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,68 +70,163 @@ class Limits:
     max_queued_sentences: int = 4096
 
 
-class RequestError(Exception):
-    """A request refused: its HTTP status and the message the client gets."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
 def create_app(model: TextTranslator, limits: Limits = Limits(), api_key: Optional[str] = None,
-               inter_threads: int = 1) -> Starlette:
-    """The service of ``model`` (loaded with ``inter_threads``): one worker per inter thread."""
+               inter_threads: int = 1, close_timeout: float = 30.0) -> Starlette:
+    """The service of ``model`` (loaded with ``inter_threads``): one worker per inter thread.
+    On shutdown the workers get ``close_timeout`` seconds to finish what is queued."""
     settings = model.settings
     pair = (settings.source_lang, settings.target_lang)
+    max_alternatives = model.decoding.beam - 1
     state = {"batcher": None, "in_flight": 0}
+
+    def translate_lines(items: Sequence[Tuple[str, int]]) -> List[Translation]:
+        """The batcher's work: (line, alternatives wanted) → its translation."""
+        return model.translate_full([line for line, _ in items], [n for _, n in items])
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state["batcher"] = Batcher(model.translate, inter_threads, limits.max_batch_sentences,
+        state["batcher"] = Batcher(translate_lines, inter_threads, limits.max_batch_sentences,
                                    limits.max_queued_sentences)
         try:
             yield
-        finally:  # uvicorn has answered the requests in flight by now
-            state["batcher"].close()
+        finally:  # uvicorn has answered (or cancelled) the requests in flight by now
+            # In a thread and bounded: a translation still running must not hold the event loop.
+            stopped = await asyncio.get_running_loop().run_in_executor(None, state["batcher"].close,
+                                                                       close_timeout)
+            if not stopped:
+                log.warning("a translation worker was still busy %.0f s after shutdown began; "
+                            "exiting without it", close_timeout)
 
     async def translate(request: Request) -> JSONResponse:
         state["in_flight"] += 1
         try:
-            fields = _fields(await _body(request, limits.max_body_bytes), request.headers.get("content-type", ""))
-            _check_key(fields.get("api_key"), api_key)
-            q = _query(fields, pair)
-            texts = [q] if isinstance(q, str) else q
-            lines = [split_lines(text) for text in texts]
-            _check_size(texts, lines, limits)
-            try:
-                future = state["batcher"].submit([line for text in lines for line in text])
-            except Busy as e:
-                raise RequestError(503, f"busy ({e}); retry later") from None
-            translations = await asyncio.wrap_future(future)
-            out, start = [], 0
-            for text in lines:
-                out.append("\n".join(translations[start:start + len(text)]))
-                start += len(text)
-            return JSONResponse({"translatedText": out[0] if isinstance(q, str) else out})
+            fields = await _fields(request, limits)
+            check_key(fields.get("api_key"), api_key)
+            query = translate_query(fields, pair, max_alternatives)
+            _check_chars(query.texts, limits)
+            # Parsing HTML takes milliseconds: in a thread, not on the event loop.
+            documents = await _in_thread(lambda: [split_html(text) for text in query.texts]) if query.html else []
+            lines = [d.lines for d in documents] if query.html else [split_lines(t) for t in query.texts]
+            _check_sentences(lines, limits)
+            detected = None
+            if query.source == AUTO:
+                detected = detect_languages("\n".join(line for text in lines for line in text), list(pair))[0]
+            if detected is not None and detected["language"] == pair[1]:
+                # Already in the target language: LibreTranslate gives it back as it is.
+                answers = [_Answer(text, []) for text in query.texts]
+            else:
+                translations = await _translate(state["batcher"], lines, 0 if query.html else query.alternatives)
+                def answer() -> List[_Answer]:
+                    return [_answer(done, query, documents[i] if query.html else None)
+                            for i, done in enumerate(translations)]
+
+                answers = await _in_thread(answer) if query.html else answer()
+            return JSONResponse(_response(answers, query, detected))
         finally:
             state["in_flight"] -= 1
 
+    async def detect(request: Request) -> JSONResponse:
+        fields = await _fields(request, limits)
+        check_key(fields.get("api_key"), api_key)
+        text = detect_text(fields)
+        _check_chars([text], limits)
+        return JSONResponse(detect_languages(text, list(pair)))
+
     async def languages(request: Request) -> JSONResponse:
+        # A body (libretranslatepy sends an empty form, Mastodon a JSON type) is never read.
         src, tgt = pair
-        return JSONResponse([{"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]}])
+        return JSONResponse([{"code": src, "name": LANGUAGE_NAMES.get(src, src), "targets": [tgt]},
+                             {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt), "targets": []}])
+
+    async def frontend_settings(request: Request) -> JSONResponse:
+        src, tgt = pair
+        return JSONResponse({
+            "charLimit": limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": api_key is not None,
+            "keyRequired": api_key is not None, "suggestions": False, "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {"source": {"code": src, "name": LANGUAGE_NAMES.get(src, src)},
+                         "target": {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt)}},
+        })
 
     async def health(request: Request) -> JSONResponse:
         batcher = state["batcher"]
-        return JSONResponse({"status": "ok", "source": pair[0], "target": pair[1], "in_flight": state["in_flight"],
-                             "queued_sentences": batcher.queued, "batches": batcher.batches,
-                             "batched_requests": batcher.batched_requests})
+        alive = batcher.alive
+        return JSONResponse({"status": "ok" if alive == batcher.workers else "error", "source": pair[0],
+                             "target": pair[1], "workers": batcher.workers, "workers_alive": alive,
+                             "in_flight": state["in_flight"], "queued_sentences": batcher.queued,
+                             "batches": batcher.batches, "batched_requests": batcher.batched_requests,
+                             "skipped_requests": batcher.skipped},
+                            status_code=200 if alive == batcher.workers else 503)
 
     return Starlette(
-        routes=[Route("/translate", translate, methods=["POST"]), Route("/languages", languages, methods=["GET"]),
+        routes=[Route("/translate", translate, methods=["POST"]), Route("/detect", detect, methods=["POST"]),
+                Route("/languages", languages, methods=["GET"]),
+                Route("/frontend/settings", frontend_settings, methods=["GET"]),
                 Route("/health", health, methods=["GET"])],
         exception_handlers={RequestError: _refused, HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
+
+
+async def _in_thread(work: Callable[[], T]) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One text's translation, its alternatives and whether a sentence of it was cut."""
+
+    text: str
+    alternatives: List[str]
+    truncated: bool = False
+
+
+async def _translate(batcher: Batcher, lines: List[List[str]], alternatives: int) -> List[List[Translation]]:
+    """Each text's lines translated by the workers (with ``alternatives`` each), per text."""
+    try:
+        future = batcher.submit([(line, alternatives) for text in lines for line in text])
+    except Busy as e:
+        raise RequestError(503, f"busy ({e}); retry later") from None
+    translations: List[Translation] = await asyncio.wrap_future(future)
+    out, start = [], 0
+    for text in lines:
+        out.append(translations[start:start + len(text)])
+        start += len(text)
+    return out
+
+
+def _answer(done: List[Translation], query: TranslateQuery, document: Optional[HtmlText]) -> _Answer:
+    truncated = any(t.truncated for t in done)
+    if document is not None:  # LibreTranslate has no alternatives for HTML either
+        return _Answer(join_html(document, [t.text for t in done]), [], truncated)
+    text = "\n".join(t.text for t in done)
+    # The k-th alternative of a text: each line's k-th, or its best where it has fewer.
+    others = ["\n".join(t.alternatives[k] if k < len(t.alternatives) else t.text for t in done)
+              for k in range(query.alternatives)]
+    return _Answer(text, [o for k, o in enumerate(others) if o != text and o not in others[:k]], truncated)
+
+
+def _response(answers: List[_Answer], query: TranslateQuery, detected: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """LibreTranslate's answer: each field a list for a list ``q``, else the one text's."""
+    def shaped(values: List[Any]) -> Any:
+        return values if query.is_list else values[0]
+
+    response: Dict[str, Any] = {"translatedText": shaped([a.text for a in answers])}
+    if detected is not None:
+        response["detectedLanguage"] = shaped([detected] * len(answers))
+    if query.alternatives > 0:
+        response["alternatives"] = shaped([a.alternatives for a in answers])
+    if any(a.truncated for a in answers):  # a sentence longer than the model's bound was translated cut
+        response["truncated"] = shaped([a.truncated for a in answers])
+    return response
+
+
+async def _fields(request: Request, limits: Limits) -> Dict[str, Any]:
+    body = await _body(request, limits.max_body_bytes)
+    try:
+        return await request_fields(request.headers, request.url.query, body)
+    except FieldsError as e:
+        raise RequestError(400, str(e)) from None
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -140,56 +249,13 @@ async def _body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _fields(body: bytes, content_type: str) -> Dict[str, Any]:
-    """The request's fields, from a JSON object or an HTML form (several ``q``: a list)."""
-    if content_type.split(";")[0].strip().lower() == FORM:
-        try:
-            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body))
-        except (UnicodeDecodeError, ValueError):
-            raise RequestError(400, "the body is not a valid UTF-8 form") from None
-        fields: Dict[str, Any] = {k: v[0] for k, v in form.items()}
-        if len(form.get("q", ())) > 1:
-            fields["q"] = form["q"]
-        return fields
-    try:
-        fields = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
-        raise RequestError(400, "the body is not valid JSON") from None
-    if not isinstance(fields, dict):
-        raise RequestError(400, "the body must be a JSON object with q, source and target")
-    return fields
-
-
-def _check_key(given: Any, key: Optional[str]) -> None:
-    if key is not None and not (isinstance(given, str) and hmac.compare_digest(given.encode(), key.encode())):
-        raise RequestError(403, "invalid or missing API key (api_key)")
-
-
-def _query(fields: Dict[str, Any], pair: tuple) -> Union[str, List[str]]:
-    """``q``, once its type, its text and the language pair are checked."""
-    for name in ("q", "source", "target"):
-        if name not in fields:
-            raise RequestError(400, f"{name} is required")
-    q = fields["q"]
-    if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
-        raise RequestError(400, "q must be a string or a list of strings")
-    for name in ("source", "target", "format"):
-        if name in fields and not isinstance(fields[name], str):
-            raise RequestError(400, f"{name} must be a string")
-    if fields.get("format", "text") != "text":
-        raise RequestError(400, f"format {fields['format']!r} is not supported: text only")
-    if (fields["source"], fields["target"]) != pair:
-        raise RequestError(400, f"this server translates {pair[0]} to {pair[1]}, "
-                                f"not {fields['source']} to {fields['target']} (GET /languages)")
-    if not any(t.strip() for t in ([q] if isinstance(q, str) else q)):
-        raise RequestError(400, "q is empty: nothing to translate")
-    return q
-
-
-def _check_size(texts: List[str], lines: List[List[str]], limits: Limits) -> None:
+def _check_chars(texts: List[str], limits: Limits) -> None:
     chars = sum(len(t) for t in texts)
     if chars > limits.max_chars:
         raise RequestError(413, f"q has {chars} characters, more than this server's limit of {limits.max_chars}")
+
+
+def _check_sentences(lines: List[List[str]], limits: Limits) -> None:
     sentences = sum(len(t) for t in lines)
     if sentences > limits.max_sentences:
         raise RequestError(413, f"q has {sentences} lines (sentences), more than this server's limit of "

@@ -94,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sock.listen(2048)  # from now on, connections wait in its backlog until uvicorn takes them
     except (FairseqRopeError, OSError) as e:
         return report_error(e)
-    app = create_app(model, limits, key, args.inter_threads)
+    app = create_app(model, limits, key, args.inter_threads, close_timeout=args.graceful_timeout)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.graceful_timeout,
                             server_header=False)
     host, port = sock.getsockname()[:2]
