@@ -24,6 +24,7 @@ hypotheses).
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -180,10 +181,28 @@ class PositionalTransformerDecoder(TransformerDecoder):
         return UNBOUNDED_POSITIONS
 
 
+SIDES = ("encoder", "decoder")
+
+
 class PositionalTransformerModel(TransformerModel):
-    """fairseq's ``TransformerModel`` with ``position_encoding`` in self-attention."""
+    """fairseq's ``TransformerModel`` with ``position_encoding`` in self-attention: on both sides, or
+    on the sides :meth:`positional_sides` names, the other keeping fairseq's own encoder or decoder
+    (its sinusoidal position embeddings added to the input, its self-attention)."""
 
     position_encoding: str = ""
+
+    @classmethod
+    def positional_sides(cls, args) -> Tuple[str, ...]:
+        """The sides whose self-attention carries the encoding (a family may offer fewer)."""
+        return SIDES
+
+    @classmethod
+    def stock_side_args(cls, args):
+        """``args`` for a side built as fairseq's own: its token position embeddings on (the model's
+        args turn them off for the positional sides, and keep saying so in the checkpoint)."""
+        stock = copy.copy(args)
+        stock.no_token_positional_embeddings = False
+        return stock
 
     @classmethod
     def hub_models(cls):
@@ -197,10 +216,15 @@ class PositionalTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
+        if "encoder" not in cls.positional_sides(args):
+            return TransformerEncoder(cls.stock_side_args(args), src_dict, embed_tokens)
         return PositionalTransformerEncoder(args, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
+        if "decoder" not in cls.positional_sides(args):
+            return TransformerDecoder(cls.stock_side_args(args), tgt_dict, embed_tokens,
+                                      no_encoder_attn=args.no_cross_attention)
         return PositionalTransformerDecoder(
             args, tgt_dict, embed_tokens, no_encoder_attn=args.no_cross_attention
         )

@@ -1,7 +1,9 @@
 """``transformer_rope``: the Transformer with Rotary Position Embedding (RoFormer).
 
 Encoder and decoder self-attention rotate queries and keys (RoPE); there are no
-token position embeddings.
+token position embeddings. ``--rope-sides encoder`` (or ``decoder``) keeps RoPE on one side
+only, the other side fairseq's own with its sinusoidal embeddings: the ablation that asks
+which side carries RoPE's early lead (issue 66).
 
 :data:`ROPE_ARCHITECTURES` is the table of architectures: each mirrors a stock
 fairseq one (``transformer_rope_wmt_en_de`` has exactly the parameters of
@@ -19,6 +21,7 @@ hub's ``from_pretrained``). Checkpoints from before it load with ``none``.
 from __future__ import annotations
 
 from argparse import Namespace
+from typing import Tuple
 
 from fairseq.models.transformer import (
     tiny_architecture,
@@ -34,6 +37,7 @@ from fairseq_rope.models.architectures import (
     register_family,
 )
 from fairseq_rope.models.positional_transformer import (
+    SIDES,
     PositionalTransformerModel,
     head_dims,
     register_position_encoding,
@@ -49,6 +53,9 @@ def validate_rope_args(args: Namespace) -> None:
         validate_rope_options(dim, rope_dim, args.rope_theta, args.rope_layout)
         validate_rope_scaling(args.rope_scaling, args.rope_scaling_factor, args.rope_original_length, rope_dim)
 
+
+#: --rope-sides: RoPE on both sides (the paper), or on one, the other side stock.
+ROPE_SIDES = ("both", *SIDES)
 
 ROPE_OPTIONS = EncodingOptions(
     title="rotary position embedding",
@@ -77,6 +84,11 @@ ROPE_OPTIONS = EncodingOptions(
                help="L: the training length in source tokens, EOS included (required by yarn and "
                     "dynamic-*; linear and ntk ignore it)",
                argparse={"type": int, "metavar": "L"}),
+        Option("rope_sides", "both",
+               help="self-attention that rotates: 'both' (RoFormer), or 'encoder' or 'decoder' alone, "
+                    "the other side fairseq's own, with sinusoidal position embeddings (the ablation "
+                    "rows rope_enc and rope_dec)",
+               argparse={"choices": ROPE_SIDES}),
     ),
     validate=validate_rope_args,
 )
@@ -105,6 +117,12 @@ def build_rotary_embedding(cfg, num_heads: int, head_dim: int) -> RotaryEmbeddin
 
 @register_family("transformer_rope", ROPE_OPTIONS, ROPE_ARCHITECTURES)
 class TransformerRopeModel(PositionalTransformerModel):
-    """Transformer with rotary position embedding in encoder and decoder self-attention."""
+    """Transformer with rotary position embedding in encoder and decoder self-attention (or in one
+    of them: ``--rope-sides``)."""
 
     position_encoding = "rope"
+
+    @classmethod
+    def positional_sides(cls, args) -> Tuple[str, ...]:
+        sides = getattr(args, "rope_sides", "both") or "both"  # checkpoints from before the option: both
+        return SIDES if sides == "both" else (sides,)

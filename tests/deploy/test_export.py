@@ -227,6 +227,15 @@ def test_a_scaling_chosen_at_export_is_carried(trained, deploy_data, tmp_path):
     assert (scores["ntk"] - scores["none"]).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_rope_on_one_side_is_refused(side, rope_state, tmp_path):
+    """The ablation rows (--rope-sides encoder / decoder): the exporter maps RoPE onto both of
+    CTranslate2's attentions, so a one-sided model is refused, naming the option."""
+    checkpoint = write_checkpoint(tmp_path / "c.pt", rope_state, rope_sides=side)
+    message = refused(tmp_path, checkpoint, specs.UnsupportedModelError)
+    assert message.startswith(f"--rope-sides '{side}' cannot be exported to CTranslate2")
+
+
 @pytest.mark.parametrize("scaling", ["yarn", "dynamic-linear", "dynamic-ntk", "dynamic-yarn"])
 def test_scalings_ctranslate2_lacks_are_refused(scaling, trained, tmp_path):
     overrides = {"rope_scaling": scaling, "rope_scaling_factor": 2.0, "rope_original_length": 12}

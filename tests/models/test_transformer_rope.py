@@ -257,3 +257,26 @@ def test_no_scaling_is_bit_identical_to_a_model_built_without_the_options(dict_d
     for got, expected in zip(exactness.decode_both_ways(other.eval(), src, prev),
                              exactness.decode_both_ways(model, src, prev)):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_rope_on_one_side_has_stock_parameters_and_the_other_side_is_fairseqs(dict_dir, side):
+    """--rope-sides: the rope_enc and rope_dec ablation rows. The RoPE side rotates and adds no
+    embedding; the other is fairseq's own encoder or decoder, sinusoidal embeddings and its own
+    self-attention; the parameters are the stock Transformer's, name for name. (Incremental
+    decoding and beam search: tests/models/test_positional_transformer.py, *-only rows.)"""
+    from fairseq.models.transformer import TransformerDecoder, TransformerEncoder
+    from fairseq.modules import SinusoidalPositionalEmbedding
+
+    from fairseq_rope.attention import PositionalMultiheadAttention
+
+    model, _ = build_model(dict_dir, "transformer_rope_tiny", "--rope-sides", side)
+    stock, _ = build_model(dict_dir, "transformer_tiny")
+    other = "decoder" if side == "encoder" else "encoder"
+    rotating, plain = getattr(model, side), getattr(model, other)
+    assert rotating.embed_positions is None
+    assert all(isinstance(layer.self_attn, PositionalMultiheadAttention) for layer in rotating.layers)
+    assert type(plain) in (TransformerEncoder, TransformerDecoder)
+    assert isinstance(plain.embed_positions, SinusoidalPositionalEmbedding)
+    assert not any(isinstance(m, PositionalMultiheadAttention) for m in plain.modules())
+    assert {n: p.shape for n, p in model.named_parameters()} == {n: p.shape for n, p in stock.named_parameters()}
