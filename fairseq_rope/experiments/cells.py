@@ -17,12 +17,12 @@ from fairseq_rope.experiments.config import ConfigError, load_experiment
 from fairseq_rope.experiments.convergence import updates_to_reach
 from fairseq_rope.experiments.table import (
     BASELINE,
-    ROWS,
     Row,
     Runs,
     Scale,
     at_equal_budget,
     config_name,
+    get_row,
     latest_state,
     shown_path,
 )
@@ -171,8 +171,8 @@ def main_table(scale: Scale, runs: Runs) -> List[str]:
               f"runaways (> {RUNAWAY_RATIO}× ref / at length limit)", "parameters", "train tokens/s",
               f"train wall time ({unit})", "updates"]
     lines = []
-    for name, row in ROWS.items():
-        rs = runs[name]
+    for name, rs in runs.items():
+        row = get_row(name)
         if not rs:
             lines.append([name, model_cell(row, scale, rs), NOT_RUN, NOT_RUN, NOT_RUN, NOT_RUN, row.paper,
                           MISSING, MISSING, MISSING, MISSING, MISSING])
@@ -288,8 +288,8 @@ def convergence_table(runs: Runs) -> List[str]:
     header = ["row", "seeds", "best valid BLEU", "best at (updates)", "converged at (updates)",
               "stopped by"] + [f"updates to {f:.0%}" for f in SPEED_FRACTIONS]
     lines = []
-    for name in ROWS:
-        rs = [r for r in runs[name] if r.get("convergence")]
+    for name, rs in runs.items():
+        rs = [r for r in rs if r.get("convergence")]
         if not rs:
             lines.append([name, NOT_RUN] + [MISSING] * (len(header) - 2))
             continue

@@ -54,11 +54,11 @@ from fairseq_rope.experiments.summary import record_progress
 from fairseq_rope.experiments.table import (
     BASELINE,
     RECORDS,
-    ROWS,
     SCALES,
     Runs,
     Scale,
     full_length_scale,
+    get_row,
     record_hypotheses,
     recorded_runs,
     same_models,
@@ -74,16 +74,23 @@ from fairseq_rope.experiments.table import (
 
 def significance_section(runs: Runs, work_dir: Path, level: str) -> List[str]:
     """Every row against the baseline in the runs of equal seed: over test sentences (the paired
-    bootstrap), then over training seeds (the paired t-test); ``level``: their headings'."""
-    if not runs[BASELINE]:
-        return [f"No finished `{BASELINE}` run to compare against.", ""]
-    baseline = {r["seed"]: r for r in runs[BASELINE]}
-    rows = {name: [(r, baseline[r["seed"]]) for r in runs[name] if r["seed"] in baseline]
-            for name in ROWS if name != BASELINE}
+    bootstrap), then over training seeds (the paired t-test); then each ablation against each row
+    it takes apart, the same way. ``level``: their headings'."""
     references = References(work_dir, shown_path(work_dir))
-    return ([f"{level} Over test sentences (paired bootstrap)", ""]
-            + bootstrap_table(rows, BASELINE, references, record_hypotheses) + [""]
-            + [f"{level} Over training seeds (paired t-test)", ""] + seed_table(rows, BASELINE) + [""])
+    out = []
+    for against in [BASELINE] + sorted({name for n in runs for name in get_row(n).takes_apart}):
+        compared = [name for name in runs if name != against
+                    and (against == BASELINE or against in get_row(name).takes_apart)]
+        title = "" if against == BASELINE else f", against `{against}`"
+        if not runs.get(against):
+            out += [f"No finished `{against}` run to compare against.", ""]
+            continue
+        theirs = {r["seed"]: r for r in runs[against]}
+        rows = {name: [(r, theirs[r["seed"]]) for r in runs[name] if r["seed"] in theirs] for name in compared}
+        out += ([f"{level} Over test sentences (paired bootstrap){title}", ""]
+                + bootstrap_table(rows, against, references, record_hypotheses) + [""]
+                + [f"{level} Over training seeds (paired t-test){title}", ""] + seed_table(rows, against) + [""])
+    return out
 
 
 def replicated_runs(scale: Scale, at_budget: Runs, records: Path) -> List[str]:
@@ -95,7 +102,7 @@ def replicated_runs(scale: Scale, at_budget: Runs, records: Path) -> List[str]:
     fixed = recorded_runs(records.parent, SCALES[scale.data_of])
     same = []
     for name, rs in at_budget.items():
-        theirs = {r["seed"]: r for r in fixed[name]}
+        theirs = {r["seed"]: r for r in fixed.get(name, [])}
         for run in rs:
             ours = record_hypotheses(run)
             if ours is not None and run["seed"] in theirs and ours == record_hypotheses(theirs[run["seed"]]):

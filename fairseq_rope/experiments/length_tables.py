@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from fairseq_rope.evaluation.report import MISSING, NOT_RUN, markdown_table
 from fairseq_rope.experiments.cells import bleu_cell, cell
-from fairseq_rope.experiments.table import ROWS, Runs, Scale
+from fairseq_rope.experiments.table import Runs, Scale
 
 
 def length_buckets(runs: Runs) -> List[Dict[str, Any]]:
@@ -54,7 +54,7 @@ def length_table(scale: Scale, runs: Runs) -> List[str]:
 
     def per_row(key: str, fmt: Callable[[float], str]) -> List[List[str]]:
         return [[name] + ([cell(values, fmt) for values in per_bucket(runs[name], key, labels)]
-                          if runs[name] else [NOT_RUN] * len(buckets)) for name in ROWS]
+                          if runs[name] else [NOT_RUN] * len(buckets)) for name in runs]
 
     longest = _longest_training_pairs(runs)
     note = [f"Longest training pair in BPE tokens (with EOS): {longest}; the learned row's "
@@ -91,8 +91,8 @@ def length_against_full_data(scale: Scale, runs: Runs, full: Scale, full_runs: R
 
     def per_row(key: str, compare: Callable[[float, float], str]) -> List[List[str]]:
         lines = []
-        for name in ROWS:
-            if not runs[name] or not full_runs[name]:
+        for name in runs:
+            if not runs[name] or not full_runs.get(name):
                 lines.append([name] + [NOT_RUN if not runs[name] else f"{full.name} {NOT_RUN}"] * len(buckets))
                 continue
             pairs = zip(per_bucket(runs[name], key, labels), per_bucket(full_runs[name], key, labels))

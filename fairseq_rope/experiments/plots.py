@@ -10,13 +10,13 @@ from typing import Any, Dict, Optional, Sequence
 from fairseq_rope.evaluation.report import NOT_RUN, finish, new_axes, pyplot
 from fairseq_rope.experiments.cells import latest_valid_curve, mean_std, valid_curve
 from fairseq_rope.experiments.length_tables import length_buckets, per_bucket
-from fairseq_rope.experiments.table import ROWS, Runs, Scale
+from fairseq_rope.experiments.table import ABLATIONS, ROWS, Runs, Scale, get_row
 
 
 def _row_colors() -> Dict[str, str]:
     """One color per row, the same in every plot."""
     colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
-    return {name: colors[i % len(colors)] for i, name in enumerate(ROWS)}
+    return {name: colors[i % len(colors)] for i, name in enumerate({**ROWS, **ABLATIONS})}
 
 
 def plot_valid_loss(scale: Scale, runs: Runs, path: Path) -> None:
@@ -35,7 +35,7 @@ def plot_valid_loss(scale: Scale, runs: Runs, path: Path) -> None:
 
 def plot_bleu(scale: Scale, runs: Runs, path: Path) -> None:
     fig, ax = new_axes()
-    names, colors = list(ROWS), _row_colors()
+    names, colors = list(runs), _row_colors()
     for x, name in enumerate(names):
         bleus = [r["bleu_tokenized"] for r in runs[name] if r.get("bleu_tokenized") is not None]
         if not bleus:  # y in axes fraction: visible whatever the BLEU range
@@ -48,7 +48,7 @@ def plot_bleu(scale: Scale, runs: Runs, path: Path) -> None:
         ax.text(x + 0.1, mean, f"{mean:.2f}", ha="left", va="bottom", fontsize="small")
     if scale.paper_comparable:
         for x, name in enumerate(names):
-            for bleu, _ in ROWS[name].paper_bleu:
+            for bleu, _ in get_row(name).paper_bleu:
                 ax.plot(x, bleu, "rx", markersize=8)
         ax.plot([], [], "rx", label="paper")
     ax.set_xticks(range(len(names)), names)
@@ -87,9 +87,9 @@ def plot_bleu_by_length(scale: Scale, runs: Runs, path: Path) -> None:
 def _plot_per_bucket(ax: Any, runs: Runs, labels: Sequence[str], key: str, legend: bool) -> None:
     """Each row's mean ± std over seeds of ``key`` per bucket (runs that did not measure it left out)."""
     colors = _row_colors()
-    for name in ROWS:
+    for name, rs in runs.items():
         points = [(x, [v for v in values if v is not None])
-                  for x, values in enumerate(per_bucket(runs[name], key, labels))]
+                  for x, values in enumerate(per_bucket(rs, key, labels))]
         stats = [(x, *mean_std(vs)) for x, vs in points if vs]
         if stats:
             ax.errorbar([x for x, _, _ in stats], [m for _, m, _ in stats],
@@ -103,8 +103,8 @@ def plot_valid_bleu(scale: Scale, runs: Runs, path: Path, going: Optional[Runs] 
     vertical line at the equal budget."""
     fig, ax = new_axes()
     colors = _row_colors()
-    for name in ROWS:
-        curves = [valid_curve(r) for r in runs[name] if r.get("valid_bleu")]
+    for name, rs in runs.items():
+        curves = [valid_curve(r) for r in rs if r.get("valid_bleu")]
         updates = sorted({u for c in curves for u in c})
         if not updates:
             continue

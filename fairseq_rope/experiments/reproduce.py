@@ -45,6 +45,7 @@ from fairseq_rope.experiments.device import CHOICES as DEVICE_CHOICES, CPU, Devi
 from fairseq_rope.experiments.length_corpus import longest_training_pair, write_length_corpus, write_short_pairs
 from fairseq_rope.experiments.summary import summarize_budget, summarize_run
 from fairseq_rope.experiments.table import (
+    ABLATIONS,
     BUDGET_EVAL_DIR,
     DEFAULT_RESULTS_DIR,
     DEFAULT_WORK_DIR,
@@ -60,6 +61,7 @@ from fairseq_rope.experiments.table import (
     data_dir,
     get_row,
     get_scale,
+    rows_at,
     run_dir,
     scale_dir,
     summary_path,
@@ -277,6 +279,7 @@ def check_language_pair(scale: Scale, data_bin: Path) -> None:
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    ablations = ", ".join(f"{name} (at {', '.join(row.scales)})" for name, row in ABLATIONS.items())
     parser = argparse.ArgumentParser(
         prog="scripts/reproduce_table.sh",
         usage="%(prog)s ROW [--scale SCALE] [--seed N] [--device DEVICE] [--work-dir DIR] [--raw-dir DIR] "
@@ -286,11 +289,11 @@ def _run_parser() -> argparse.ArgumentParser:
         description="Run one row of the RoFormer table (prepare data, train, average, decode, "
         "score, write RUN_DIR/eval/run.json), or `collect` the finished runs of a scale into "
         "docs/results/SCALE.md with plots.",
-        epilog=f"rows: {', '.join(ROWS)}. scales: {', '.join(SCALES)}. "
+        epilog=f"rows: {', '.join(ROWS)}; ablations: {ablations}. scales: {', '.join(SCALES)}. "
         "A run lives in WORK_DIR/SCALE/ROW/seedN; rerunning resumes it.\n\n" + WMT14_LENGTH_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("row", metavar="ROW", help=f"one of {', '.join(ROWS)}")
+    parser.add_argument("row", metavar="ROW", help=f"one of {', '.join(ROWS)}, or an ablation at its scales")
     _add_common(parser)
     parser.add_argument("--seed", type=int, default=1, help="training seed (default: 1)")
     parser.add_argument("--device", default="auto",
@@ -351,10 +354,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(prepare_data(get_scale(args.scale), Path(args.work_dir).resolve(), args.raw_dir))
             return 0
         args = _run_parser().parse_args(own)
-        if args.row not in ROWS:
-            raise TableError(f"unknown row {args.row!r}; valid rows: {', '.join(ROWS)} "
-                             "(or `collect` to make the table)")
-        row, scale = get_row(args.row), get_scale(args.scale)
+        scale = get_scale(args.scale)
+        if args.row not in rows_at(scale):
+            raise TableError(f"unknown row {args.row!r} at scale {scale.name}; valid rows: "
+                             f"{', '.join(rows_at(scale))} (or `collect` to make the table)")
+        row = get_row(args.row, scale)
         summary = reproduce_row(row, scale, args.seed, Path(args.work_dir).resolve(), extra, args.raw_dir,
                                 Device.resolve(args.device))
     except TableError as e:

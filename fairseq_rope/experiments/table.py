@@ -75,6 +75,10 @@ class Row:
     name: str
     title: str
     paper_bleu: Tuple[Tuple[float, str], ...] = ()  # (BLEU on newstest2014, whose run)
+    #: An ablation's scales (:data:`ABLATIONS`); a row of :data:`ROWS` is trained at every scale.
+    scales: Tuple[str, ...] = ()
+    #: The rows an ablation takes apart: it is compared with each, besides :data:`BASELINE`.
+    takes_apart: Tuple[str, ...] = ()
 
     @property
     def paper(self) -> str:
@@ -140,6 +144,16 @@ ROWS: Dict[str, Row] = {row.name: row for row in (
 #: The row every other is compared with.
 BASELINE = "sinusoidal"
 
+#: Rows trained at the named scales only, each to take a row of :data:`ROWS` apart (issue 66):
+#: RoPE on one side (``--rope-sides``), the other side stock, at the equal budget where RoPE's
+#: lead is largest; they ask which side carries it.
+ABLATIONS: Dict[str, Row] = {row.name: row for row in (
+    Row("rope_enc", "RoPE in the encoder only, decoder sinusoidal", scales=("multi30k",),
+        takes_apart=("rope",)),
+    Row("rope_dec", "RoPE in the decoder only, encoder sinusoidal", scales=("multi30k",),
+        takes_apart=("rope",)),
+)}
+
 #: Multi30k test2016 buckets (raw English words): 86, 455, 314, 101, 32 and 12 sentences.
 MULTI30K_EDGES = (8, 12, 16, 20, 25)
 #: The multi30k-length study trains on pairs of at most 12 English words: 62.5 %
@@ -204,10 +218,18 @@ def same_models(a: Scale, b: Scale) -> bool:
     return (a.data, a.size, a.tgt) == (b.data, b.size, b.tgt)
 
 
-def get_row(name: str) -> Row:
-    if name not in ROWS:
-        raise TableError(f"unknown row {name!r}; valid rows: {', '.join(ROWS)}")
-    return ROWS[name]
+def rows_at(scale: Scale) -> Dict[str, Row]:
+    """The rows of ``scale``'s table, in order: every row of :data:`ROWS`, then its ablations."""
+    return {**ROWS, **{name: row for name, row in ABLATIONS.items() if scale.name in row.scales}}
+
+
+def get_row(name: str, scale: Optional[Scale] = None) -> Row:
+    """The row ``name`` (of ``scale``'s table, when given: an ablation is trained at its scales only)."""
+    rows = {**ROWS, **ABLATIONS} if scale is None else rows_at(scale)
+    if name not in rows:
+        where = "" if scale is None else f" at scale {scale.name}"
+        raise TableError(f"unknown row {name!r}{where}; valid rows: {', '.join(rows)}")
+    return rows[name]
 
 
 def get_scale(name: str) -> Scale:
@@ -285,7 +307,7 @@ def scored_runs(work_dir: PathLike, scale: Scale, records_dir: Optional[PathLike
     session) stay in it. Each run's ``run_dir`` is then its record.
     """
     runs: Runs = {}
-    for name in ROWS:
+    for name in rows_at(scale):
         found = [(run, _read_run(path, name, scale))
                  for run in (scale_dir(work_dir, scale) / name).glob("seed*")
                  if (path := newest_summary(run)) is not None]
@@ -304,7 +326,7 @@ def recorded_runs(records_dir: PathLike, scale: Scale) -> Runs:
     return {name: sorted(({**_read_run(path, name, scale), "run_dir": str(path.parent)}
                           for path in (Path(records_dir) / scale.name / name).glob(f"seed*/{RUN_SUMMARY}")),
                          key=lambda s: s["seed"])
-            for name in ROWS}
+            for name in rows_at(scale)}
 
 
 def shown_path(path: PathLike) -> str:

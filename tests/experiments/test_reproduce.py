@@ -29,6 +29,7 @@ from fairseq_rope.experiments.table import (
     config_name,
     get_row,
     get_scale,
+    rows_at,
     run_dir,
     summary_path,
     under_way,
@@ -99,6 +100,33 @@ def test_multi30k_rows_differ_in_parameters_by_their_position_tables_only(dict_d
     assert counts["alibi"] == counts["sinusoidal"]  # fixed slopes, no parameters
 
 
+def test_the_ablations_are_rope_on_one_side_with_stock_parameters(dict_dir):
+    """rope_enc and rope_dec (issue 66): the rope config but for --rope-sides, RoPE's side without
+    position embeddings, the other side fairseq's own sinusoidal ones, and stock's parameters."""
+    rope = config("rope", "multi30k").train
+    built = {"sinusoidal": build_model(dict_dir, *_arch_and_argv("sinusoidal", "multi30k"))[0]}
+    for name, side in (("rope_enc", "encoder"), ("rope_dec", "decoder")):
+        train = config(name, "multi30k").train
+        assert {k: v for k, v in train.items() if k != "rope-sides"} == rope and train["rope-sides"] == side
+        built[name] = model = build_model(dict_dir, *_arch_and_argv(name, "multi30k"))[0]
+        rotating, stock = (model.encoder, model.decoder) if side == "encoder" else (model.decoder, model.encoder)
+        assert rotating.embed_positions is None
+        assert type(stock.embed_positions).__name__ == "SinusoidalPositionalEmbedding"
+        assert params(model) == params(built["sinusoidal"])
+
+
+def test_an_ablation_is_a_row_of_its_scales_only(tmp_path, capsys):
+    assert list(rows_at(SCALES["multi30k"])) == [*ROWS, "rope_enc", "rope_dec"]
+    for scale in SCALES.values():
+        if scale.name != "multi30k":
+            assert list(rows_at(scale)) == list(ROWS), scale.name
+    assert get_row("rope_enc").takes_apart == ("rope",)
+    assert reproduce.main(["rope_enc", "--scale", "multi30k-fr", "--work-dir", str(tmp_path)]) == 2
+    assert ("unknown row 'rope_enc' at scale multi30k-fr; valid rows: sinusoidal, learned, rpe, rope, "
+            "alibi") in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -129,14 +157,14 @@ def test_unknown_row_or_scale_is_a_clear_error(capsys):
     with pytest.raises(TableError, match="unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length"):
         get_scale("wmt16")
     assert reproduce.main(["absolute", "--scale", "demo"]) == 2
-    assert "unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi" in capsys.readouterr().err
+    assert "unknown row 'absolute' at scale demo; valid rows: sinusoidal, learned, rpe, rope, alibi" in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16"]) == 2
     assert "valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length" in capsys.readouterr().err
 
 
 def test_unknown_row_or_scale_creates_nothing(tmp_path, capsys):
     assert reproduce.main(["absolute", "--work-dir", str(tmp_path)]) == 2
-    assert ("error: unknown row 'absolute'; valid rows: sinusoidal, learned, rpe, rope, alibi "
+    assert ("error: unknown row 'absolute' at scale demo; valid rows: sinusoidal, learned, rpe, rope, alibi "
             "(or `collect` to make the table)") in capsys.readouterr().err
     assert reproduce.main(["rope", "--scale", "wmt16", "--work-dir", str(tmp_path)]) == 2
     assert "error: unknown scale 'wmt16'; valid scales: wmt14, multi30k, multi30k-length, multi30k-converged, multi30k-fr, multi30k-fr-converged, demo, demo-length" in capsys.readouterr().err
@@ -326,7 +354,7 @@ def write_run(work: Path, scale: str, row: str, seed: int, bleu: float, sacre: O
               length: Optional[Dict[str, float]] = None, extra=(),
               ratios: Optional[Dict[str, float]] = None) -> Path:
     """A fake finished run: command.txt, train.log, eval/results.json and eval/run.json."""
-    scale_, row_ = SCALES[scale], ROWS[row]
+    scale_, row_ = SCALES[scale], get_row(row, SCALES[scale])
     save = run_dir(work, scale_, row_, seed)
     (save / "eval").mkdir(parents=True)
     train = f"fairseq-train /repo/DATA --arch arch_{row} --seed {seed} {' '.join(extra)}".strip()
@@ -580,6 +608,34 @@ def test_collect_multi30k_significance_chrf_runaways_and_records(tmp_path):
     again = (out / "multi30k.md").read_text()
     assert table_line(again, "rope") == table_line(md, "rope")
     assert again.split("## Significance")[1].split("\n## ")[0] == significance
+
+
+def test_collect_compares_an_ablation_with_the_baseline_and_with_the_row_it_takes_apart(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    refs = [f"Ein Hund {i} läuft über die Wiese ." for i in range(60)]
+    reference = tmp_path / "test.de"
+    reference.write_text("".join(r + "\n" for r in refs))
+    half = refs[:30] + [f"Eine Katze {i} ." for i in range(30, 60)]
+    for seed in (1, 2):
+        write_outputs(write_run(work, "multi30k", "sinusoidal", seed, bleu=30.0, sacre=30.0), half, reference)
+        write_outputs(write_run(work, "multi30k", "rope", seed, bleu=36.0, sacre=36.0), refs, reference)
+        write_outputs(write_run(work, "multi30k", "rope_enc", seed, bleu=33.0, sacre=33.0), half, reference)
+    collect.collect(SCALES["multi30k"], work, out)
+    md = (out / "multi30k.md").read_text()
+    assert "| 1, 2 | 33.00 | 33.00 |" in table_line(md, "rope_enc")
+    assert "not run" in table_line(md, "rope_dec")
+    significance = md.split("## Significance")[1].split("\n## ")[0]
+    headings = [line for line in significance.splitlines() if line.startswith("### ")]
+    assert headings == ["### Over test sentences (paired bootstrap)", "### Over training seeds (paired t-test)",
+                        "### Over test sentences (paired bootstrap), against `rope`",
+                        "### Over training seeds (paired t-test), against `rope`"]
+    against_baseline, against_rope = significance.split(", against `rope`", 1)
+    assert "| rope_enc | 1, 2 | +3.00, +3.00 |" in against_baseline
+    assert "| rope_enc | 1, 2 | -3.00, -3.00 |" in against_rope
+    assert "| rope_dec | — | not run |" in against_rope and "| learned |" not in against_rope
+    assert (out / "runs" / "multi30k" / "rope_enc" / "seed2" / "run.json").is_file()
+    collect.collect(SCALES["multi30k-fr"], work, out)  # another scale: no ablation rows
+    assert "rope_enc" not in (out / "multi30k-fr.md").read_text()
 
 
 def test_significance_says_why_it_is_unavailable(tmp_path):
