@@ -76,10 +76,13 @@ def test_the_bound_is_the_exports_max_source_positions(model):
 
 
 def test_a_cut_source_translates_as_its_first_subwords(model):
-    """Cutting is translating the first 1,023 subwords: the same hypotheses, told as cut."""
+    """Cutting is translating the first 1,023 subwords: the same hypotheses, told as cut (the
+    scores to float rounding: the two are other rows of one batch, which CTranslate2 may sum
+    in another order)."""
     counting = CountingTranslator(model.translator)
     cut, head = translate(counting, [["x"] * 2000, ["x"] * 1023], Decoding(), model.settings)
-    assert (cut.tokens, cut.score, cut.source_truncated) == (head.tokens, head.score, True)
+    assert (cut.tokens, cut.source_truncated) == (head.tokens, True)
+    assert cut.score == pytest.approx(head.score, rel=1e-6)
     assert not head.source_truncated
 
 
