@@ -20,7 +20,7 @@ RUNTIME_WHEELS := $(VENV)/runtime-wheels
 TRITON_STAMP := $(VENV)/.fairseq-rope-triton-installed
 DEMO_DIR ?= demo
 
-.PHONY: setup demo test test-slow test-all test-gpu test-triton clean-demo wheelhouse
+.PHONY: setup demo test test-slow test-all test-gpu test-triton test-browser clean-demo wheelhouse
 
 setup: $(STAMP)
 
@@ -73,6 +73,14 @@ $(TRITON_STAMP): $(STAMP)
 
 test-triton: $(TRITON_STAMP)
 	$(BIN)/python -m pytest $(PARALLEL) -m triton tests/triton
+
+# The server's page in a real browser: Debian's chromium, headless (apt; nothing that downloads
+# a browser of its own). .ci/run runs it.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+CHROMIUM := $(SUDO) apt-get install -y -q --no-install-recommends chromium
+test-browser: setup
+	@command -v chromium >/dev/null || $(CHROMIUM) || { $(SUDO) apt-get update -q && $(CHROMIUM); }
+	$(BIN)/python -m pytest -m browser tests/serve/test_page.py
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -59,7 +59,7 @@ from pathlib import Path
 
 log, root, commit, demo = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 section, lines, ends = None, {}, {}
-for raw in Path(log).read_text().splitlines():
+for raw in Path(log).read_bytes().decode().split("\n")[:-1]:  # progress bars hold \r: no universal newlines
     stamp, _, text = raw.partition("\t")
     if stamp == "== end":
         ends[section] = float(text) - start
@@ -91,5 +91,8 @@ for label, stamped in lines.items():
     summary = [text for _, text in stamped if re.search(r"\d+ (passed|failed)", text)]
     if summary:
         print(f"\npytest: `{summary[-1].strip('= ')}`")
+    scores = [text for _, text in stamped if text.startswith(("BLEU (tokenized", "sacreBLEU (detokenized"))]
+    if scores:
+        print("\nThe demo's scores:\n\n" + "\n".join(f"    {text}" for text in scores))
 PY
 echo "wrote $out"

@@ -54,6 +54,17 @@ def request(port: int, method: str, path: str, body: Optional[bytes] = None,
         connection.close()
 
 
+def get_page(port: int) -> Tuple[int, str, str]:
+    """GET / (the page): its status, content type and HTML."""
+    connection = http.client.HTTPConnection(LOOPBACK, port, timeout=TIMEOUT)
+    try:
+        connection.request("GET", "/")
+        response = connection.getresponse()
+        return response.status, response.getheader("content-type", ""), response.read().decode("utf-8")
+    finally:
+        connection.close()
+
+
 def post(port: int, payload: Any, **kwargs) -> Reply:
     """POST /translate with ``payload`` as JSON (bytes: sent as they are)."""
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.serve.conftest import ServerProcess, post, request
+from tests.serve.conftest import ServerProcess, get_page, post, request
 
 #: Where `make setup` keeps the wheels of the runtime's dependencies (Makefile: RUNTIME_WHEELS).
 WHEELS = Path(sys.prefix) / "runtime-wheels"
@@ -87,6 +87,8 @@ def test_translate_and_serve_commands(alone, exported, raw_test_set, fairseq_tra
         body = (b'--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nEin Mann f\xc3\xa4hrt Fahrrad.\r\n--b--\r\n')
         reply = request(server.port, "POST", "/detect", body, {"Content-Type": "multipart/form-data; boundary=b"})
         assert (reply.status, reply.body[0]["language"]) == (200, "de")
+        status, _, page = get_page(server.port)  # the page travels in the runtime's wheel
+        assert status == 200 and 'id="translation"' in page
     finally:
         assert server.stop()[0] == 0
 

@@ -10,6 +10,8 @@
 * ``POST /detect``: ``q``; ``[{"confidence", "language"}]`` among the model's two languages.
 * ``GET /languages``: both languages, the source with ``targets: [target]``, the target with
   ``targets: []``; ``GET /frontend/settings``: LibreTranslate's settings of its page.
+* ``GET /``: a page to type into and read the translation (``page.html``, LibreTranslate's page
+  in miniature: it calls ``/frontend/settings`` and ``/translate``; ``/?q=TEXT`` translates TEXT).
 * ``GET /health``: ``{"status": "ok", …}`` with the model's pair, the workers alive, the work in
   progress and the batches translated so far; 503 and ``"status": "error"`` once a worker is gone.
 
@@ -29,12 +31,13 @@ import asyncio
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from fairseq_rope_serve.common import split_lines
@@ -52,6 +55,8 @@ LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English"
                   "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "zh": "Chinese"}
 #: LibreTranslate's default wait before its page translates what is typed (ms), for /frontend/settings.
 FRONTEND_TIMEOUT_MS = 500
+#: The page at / (self-contained: no external scripts, styles or fonts).
+PAGE = Path(__file__).with_name("page.html")
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,6 +153,11 @@ def create_app(model: TextTranslator, limits: Limits = Limits(), api_key: Option
                          "target": {"code": tgt, "name": LANGUAGE_NAMES.get(tgt, tgt)}},
         })
 
+    page = PAGE.read_text(encoding="utf-8")
+
+    async def home(request: Request) -> HTMLResponse:
+        return HTMLResponse(page)
+
     async def health(request: Request) -> JSONResponse:
         batcher = state["batcher"]
         alive = batcher.alive
@@ -159,7 +169,7 @@ def create_app(model: TextTranslator, limits: Limits = Limits(), api_key: Option
                             status_code=200 if alive == batcher.workers else 503)
 
     return Starlette(
-        routes=[Route("/translate", translate, methods=["POST"]), Route("/detect", detect, methods=["POST"]),
+        routes=[Route("/", home, methods=["GET"]), Route("/translate", translate, methods=["POST"]), Route("/detect", detect, methods=["POST"]),
                 Route("/languages", languages, methods=["GET"]),
                 Route("/frontend/settings", frontend_settings, methods=["GET"]),
                 Route("/health", health, methods=["GET"])],
