@@ -10,9 +10,14 @@ medians are reported):
   (for example an older ``fairseq-rope-translate``), its output compared line by line;
 * **offline**: :meth:`TextTranslator.translate` on all of INPUT in this process (CTranslate2's
   ``translate_batch`` with the text processing), sentences/s: what the server is compared with;
+  and the same in calls of 1, 8 and 32 sentences, the most a server with that many clients
+  can batch;
 * **server**: 1, 8 and 32 concurrent clients, each request one sentence of INPUT (every
   sentence once per level), throughput, p50 and p99 latency, every answer compared with the
-  offline translation; the server's peak RSS.
+  offline translation; the server's peak RSS;
+* **serving floor** (the control): the same app and load with a model that answers at once
+  (each line itself): what HTTP, JSON, the event loop and the queue hand-off cost per request,
+  the part of the server's time that no model makes smaller.
 
 Every process gets ``--threads`` CPU threads (``--intra-threads`` for the server, one inter
 thread). The report (Markdown, and JSON beside it) names the command, machine, versions and date.
@@ -59,13 +64,14 @@ def run_process(command: Sequence[str], stdin: Path) -> Tuple[float, float, List
 
 
 class Server:
-    """``fairseq-rope-serve`` on a free loopback port, timed from its start to its first answer."""
+    """``fairseq-rope-serve`` on a free loopback port, timed from its start to its first answer
+    (``command``: another server that prints the same banner, the serving floor's)."""
 
-    def __init__(self, model_dir: Path, threads: int, *options: str) -> None:
+    def __init__(self, model_dir: Path, threads: int, *options: str, command: Sequence[str] = ()) -> None:
         start = time.perf_counter()
         self.process = subprocess.Popen(
-            [*script("fairseq-rope-serve"), str(model_dir), "--port", "0", "--intra-threads", str(threads),
-             "--log-level", "warning", "--max-queued-sentences", "100000", *options],
+            list(command) or [*script("fairseq-rope-serve"), str(model_dir), "--port", "0", "--intra-threads",
+                              str(threads), "--log-level", "warning", "--max-queued-sentences", "100000", *options],
             stderr=subprocess.PIPE, text=True)
         for line in self.process.stderr:
             found = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
@@ -130,6 +136,34 @@ def load(server: Server, lines: Sequence[str], clients: int, source: str, target
             "p99_ms": 1000 * quantile(latencies, 0.99), "answers": [answers[i] for i in range(len(lines))]}
 
 
+FLOOR_SERVER = [sys.executable, "-c", "from fairseq_rope_serve.benchmark import serve_floor; serve_floor()"]
+
+
+def serve_floor() -> None:
+    """The serving floor's server: the app of fairseq-rope-serve (default limits) whose model
+    answers each line with itself, on a free loopback port printed as fairseq-rope-serve prints it."""
+    import socket
+    from types import SimpleNamespace
+
+    import uvicorn
+
+    from fairseq_rope_serve.server.app import create_app
+    from fairseq_rope_serve.translator import Translation
+
+    class Instant:
+        settings = SimpleNamespace(source_lang="en", target_lang="de")
+        decoding = SimpleNamespace(beam=4)
+
+        def translate_full(self, lines: Sequence[str], alternatives: Sequence[int] = ()) -> List[Translation]:
+            return [Translation(line) for line in lines]
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    print(f"serving floor on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    uvicorn.Server(uvicorn.Config(create_app(Instant()), log_level="warning")).run(sockets=[sock])
+
+
 def own_peak_rss() -> float:
     """This process's peak RSS (VmHWM), MiB."""
     return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
@@ -171,6 +205,15 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
         start = time.perf_counter()
         offline = model.translate(lines)
         offline_seconds.append(time.perf_counter() - start)
+    in_batches = {}
+    for size in CLIENT_LEVELS:
+        seconds = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for i in range(0, len(lines), size):
+                model.translate(lines[i:i + size])
+            seconds.append(time.perf_counter() - start)
+        in_batches[size] = len(lines) / statistics.median(seconds)
     settings = model.settings
     servers = []
     for _ in range(rounds):
@@ -179,6 +222,13 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
             levels = [load(server, lines, clients, settings.source_lang, settings.target_lang)
                       for clients in CLIENT_LEVELS]
             servers.append({"startup": server.startup, "levels": levels, "peak_rss": server.peak_rss()})
+        finally:
+            server.stop()
+    floors = []
+    for _ in range(rounds):
+        server = Server(model_dir, threads, command=FLOOR_SERVER)
+        try:
+            floors.append([load(server, lines, clients, "en", "de") for clients in CLIENT_LEVELS])
         finally:
             server.stop()
     offline_rate = len(lines) / statistics.median(offline_seconds)
@@ -191,6 +241,7 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
                        "identical_to_offline": sum(a == b for a, b in zip(outputs[name], offline))}
                       for name, r in runs.items()],
         "offline_sentences_per_s": offline_rate,
+        "offline_sentences_per_s_in_calls_of": in_batches,
         "server": {
             "startup_s": statistics.median(s["startup"] for s in servers),
             "peak_rss_mib": max(s["peak_rss"] for s in servers),
@@ -201,6 +252,9 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
                                                     for s in servers)}
                        for i, clients in enumerate(CLIENT_LEVELS)],
         },
+        "floor": [{"clients": clients, **{k: statistics.median(f[i][k] for f in floors)
+                                          for k in ("sentences_per_s", "p50_ms", "p99_ms")}}
+                  for i, clients in enumerate(CLIENT_LEVELS)],
     }
 
 
@@ -235,10 +289,24 @@ def report(results: Dict[str, Any], command: str, threads: int, rounds: int) -> 
             f"**{offline:.1f} sentences/s**.", "",
             f"## Server (one sentence per request; start-up {server['startup_s']:.2f} s, "
             f"peak RSS {server['peak_rss_mib']:.0f} MiB)", "",
-            "| clients | sentences/s | × offline | p50 ms | p99 ms | identical to offline |", "|---|---|---|---|---|---|"]
+            "× offline in calls of N: against the same offline translation in calls of as many sentences as "
+            "there are clients, the largest batch the server can form.", "",
+            "| clients | sentences/s | × offline | × offline in calls of N | p50 ms | p99 ms | identical to offline |",
+            "|---|---|---|---|---|---|---|"]
+    in_calls = {int(k): v for k, v in results.get("offline_sentences_per_s_in_calls_of", {}).items()}
     for level in server["levels"]:
-        out.append(f"| {level['clients']} | {level['sentences_per_s']:.1f} | {level['sentences_per_s'] / offline:.2f} | "
-                   f"{level['p50_ms']:.0f} | {level['p99_ms']:.0f} | {level['identical_to_offline']}/{n} |")
+        rate, matched = level["sentences_per_s"], in_calls.get(level["clients"])
+        against_calls = "—" if matched is None else f"{rate / matched:.2f} ({matched:.0f}/s)"
+        out.append(f"| {level['clients']} | {rate:.1f} | {rate / offline:.2f} | {against_calls} | "
+                   f"{level['p50_ms']:.1f} | {level['p99_ms']:.1f} | {level['identical_to_offline']}/{n} |")
+    out += ["", "## Serving floor (the control)", "",
+            "The same app, load and clients with a model that answers each line with itself at once: what "
+            "serving costs per request whatever the model (HTTP, JSON, the event loop, the queue hand-off, "
+            "the clients on the same cores).", "",
+            "| clients | requests/s | ms per request | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+    for level in results.get("floor", []):
+        out.append(f"| {level['clients']} | {level['sentences_per_s']:.0f} | {1000 / level['sentences_per_s']:.2f} | "
+                   f"{level['p50_ms']:.2f} | {level['p99_ms']:.2f} |")
     return "\n".join(out) + "\n"
 
 
