@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -282,7 +283,9 @@ def test_the_wheelhouse_installs_into_a_prefix_beside_the_nodes_torch(tmp_path):
                                    capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}"], check=True)
     subprocess.run([python, "-m", "pip", "install", "-q", "numpy", "scikit-learn", "setuptools", "wheel"], check=True)
-    files = wheelhouse.make(tmp_path / "wheelhouse", f"{sys.version_info.major}.{sys.version_info.minor}")
+    # This Python's whole version: as "3.11", pip would take 3.11.0 and refuse the wheels of this
+    # environment that need a later patch release (soupsieve 4.1 needs 3.11.5).
+    files = wheelhouse.make(tmp_path / "wheelhouse", platform.python_version())
     assert wheelhouse.size_mib(files) <= wheelhouse.LIMIT_MIB
     run = subprocess.run(
         ["bash", str(REPO / "scripts" / "install_wheelhouse.sh"), "--wheelhouse", str(tmp_path / "wheelhouse"),

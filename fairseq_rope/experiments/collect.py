@@ -78,7 +78,8 @@ def significance_section(runs: Runs, work_dir: Path, level: str) -> List[str]:
     it takes apart, the same way. ``level``: their headings'."""
     references = References(work_dir, shown_path(work_dir))
     out = []
-    for against in [BASELINE] + sorted({name for n in runs for name in get_row(n).takes_apart}):
+    # Against a row an ablation takes apart: once the ablation has runs (before, only "not run").
+    for against in [BASELINE] + sorted({name for n, rs in runs.items() if rs for name in get_row(n).takes_apart}):
         compared = [name for name in runs if name != against
                     and (against == BASELINE or against in get_row(name).takes_apart)]
         title = "" if against == BASELINE else f", against `{against}`"

@@ -109,7 +109,9 @@ def size_mib(files: Iterable[Path]) -> float:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="make wheelhouse", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, nargs="?", default=REPO_ROOT / "wheelhouse")
-    parser.add_argument("--python-version", default="3.12", help="the node's Python (default: %(default)s)")
+    parser.add_argument("--python-version", default="3.12",
+                        help="the node's Python (default: %(default)s, which pip reads as 3.12.0: give the "
+                             "patch release too, e.g. 3.12.7, when a wheel needs a later one)")
     args = parser.parse_args(argv)
     files = make(args.out, args.python_version)
     total = size_mib(files)

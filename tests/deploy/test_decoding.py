@@ -29,11 +29,23 @@ def ct2_beams(exported, fairseq_model, row: str, decoding: Decoding, quantizatio
     return translate(translator, source_subwords(task), decoding, ModelDirectory.read(model_dir))
 
 
+#: Two beam searches whose scores differ in the last digits can part where candidates tie: seen
+#: once in 48 sentences (rpe-shared, on an AMD EPYC; none on the Xeon before), inside a loop of
+#: the undertrained toy model ("hund hund hund …" one word longer), the two best 0.003 apart.
+NEAR_TIE = 0.01
+
+
 @pytest.mark.parametrize("row", BEAM_ROWS)
 def test_beam_4_gives_fairseqs_hypotheses(row, exported, fairseq_model, fairseq_beams):
+    """fairseq's best hypothesis for every sentence, but for at most one search near-tie: a
+    sentence whose two best hypotheses (fairseq's, CTranslate2's) score within NEAR_TIE."""
     expected = fairseq_beams(row)
     got = ct2_beams(exported, fairseq_model, row, Decoding())
-    assert [h.tokens for h in got] == [expected[i][0] for i in range(len(got))]
+    parted = [i for i, h in enumerate(got) if h.tokens != expected[i][0]]
+    assert len(parted) <= 1 and all(abs(got[i].score - expected[i][1]) < NEAR_TIE for i in parted), [
+        (got[i].tokens, got[i].score, *expected[i]) for i in parted]
+    if row in TRAINED_BY_DEFAULT:
+        assert not parted  # measured exact on every machine so far
     assert all(abs(h.score - expected[i][1]) < RENORMALISATION for i, h in enumerate(got))
     assert all(expected[i][0] for i in range(len(got)))  # real translations, not empty ones
 

@@ -47,7 +47,7 @@ def test_cells_of_both_multi30k_scales_and_their_tables(tmp_path, monkeypatch):
     md = (results / "multi30k.md").read_text()
     assert "## Significance" in md and "## BLEU by source length" in md
     significance = md.split("## Significance")[1].split("\n## ")[0]
-    bootstrap, seeds = significance.split("### Over training seeds")
+    bootstrap, seeds = significance.split("### Over training seeds", 1)
     rope_p = [line for line in bootstrap.splitlines() if line.startswith("| rope | 1 |")]
     assert len(rope_p) == 1 and "unavailable" not in rope_p[0]
     assert "— (one seed pair: no spread over seeds)" in next(line for line in seeds.splitlines()

@@ -636,6 +636,10 @@ def test_collect_compares_an_ablation_with_the_baseline_and_with_the_row_it_take
     assert (out / "runs" / "multi30k" / "rope_enc" / "seed2" / "run.json").is_file()
     collect.collect(SCALES["multi30k-fr"], work, out)  # another scale: no ablation rows
     assert "rope_enc" not in (out / "multi30k-fr.md").read_text()
+    shutil.rmtree(work / "multi30k" / "rope_enc")
+    shutil.rmtree(out / "runs" / "multi30k" / "rope_enc")
+    collect.collect(SCALES["multi30k"], work, out)  # no ablation run: no tables against rope yet
+    assert "against `rope`" not in (out / "multi30k.md").read_text()
 
 
 def test_significance_says_why_it_is_unavailable(tmp_path):
