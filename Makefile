@@ -31,10 +31,8 @@ $(STAMP): pyproject.toml runtime/pyproject.toml
 		|| $(BIN)/python -m pip install "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install -q numpy cython setuptools wheel
 	$(BIN)/python -m pip install -q --no-build-isolation -e runtime
-	@# fairseq's six C/C++ extensions build one at a time unless build_ext runs them in parallel
-	@# (setuptools reads DIST_EXTRA_CONFIG): 151 s -> 105 s on 2 cores (docs/install.md).
-	printf '[build_ext]\nparallel = %s\n' "$$(nproc)" > $(VENV)/build_ext.cfg
-	DIST_EXTRA_CONFIG=$(abspath $(VENV))/build_ext.cfg $(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
+	@# fairseq's six C/C++ extensions, built side by side (scripts/parallel_build.sh).
+	source scripts/parallel_build.sh && with_parallel_build $(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
 	@# A venv that had fairseq-rope before 2026-11-27 lost fairseq-rope-translate when the old
 	@# fairseq-rope (which installed it then) was replaced: the runtime installs it again.
 	@test -x $(BIN)/fairseq-rope-translate \

@@ -57,19 +57,9 @@ build_fairseq() {  # its C++ against the node's torch
     # set, and its sdist lacks their sources (libnat_cuda's binding.cpp), so the build fails on
     # a node that sets it (an H200 node, 2026-11-27); fairseq-rope uses none of them.
     unset CUDA_HOME
-    # Its six extensions side by side, one per core, not one after another (193 s on that node):
-    # setuptools' build_ext --parallel, which pip reaches only through DIST_EXTRA_CONFIG, with
-    # torch's distutils backend. Torch's ninja backend writes every extension's build.ninja to
-    # one folder, so extensions built at once overwrite each other's (seen here); torch falls
-    # back to distutils where `ninja --version` fails (cpp_extension.is_ninja_available), as the
-    # stand-in put first on PATH makes it.
-    local tools=$PREFIX/.build-fairseq
-    mkdir -p "$tools/bin"
-    printf '#!/bin/sh\nexit 1\n' >"$tools/bin/ninja"
-    chmod +x "$tools/bin/ninja"
-    printf '[build_ext]\nparallel = %s\n' "$(nproc)" >"$tools/build_ext.cfg"
-    PATH="$tools/bin:$PATH" DIST_EXTRA_CONFIG=$tools/build_ext.cfg \
-        pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_fixed-*.tar.gz
+    # Its six extensions side by side, one per core (193 s one after another on that node).
+    source "$(dirname "${BASH_SOURCE[0]}")/parallel_build.sh"
+    with_parallel_build pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_fixed-*.tar.gz
 }
 (build_fairseq)
 pip_install --no-deps --ignore-installed "$WHEELHOUSE"/fairseq_rope_serve-*.whl  # the runtime, which fairseq-rope imports

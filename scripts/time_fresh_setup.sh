@@ -68,7 +68,7 @@ for raw in Path(log).read_bytes().decode().split("\n")[:-1]:  # progress bars ho
         lines[section] = []
     else:
         lines[section].append((float(stamp) - start, text))
-COMMAND = re.compile(r"^(\.venv/bin/|printf |rm |DIST_EXTRA_CONFIG=|PYTHON=)")
+COMMAND = re.compile(r"^(\.venv/bin/|printf |rm |source |PYTHON=)")
 cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
 print("# A newcomer's minutes: `make test` on a fresh clone\n")
 print(f"Written by `scripts/time_fresh_setup.sh{' --demo' if demo else ''}`; regenerate it rather than "

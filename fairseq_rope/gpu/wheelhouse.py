@@ -39,8 +39,12 @@ REPO_ROOT = PLUGIN_DIR.parent
 #: they need go into the wheelhouse (scripts/install_wheelhouse.sh checks the node has them).
 #: Nor CTranslate2 (the [test] extra's, for tests/deploy): the GPU suite does not use it, and
 #: its wheel (about 40 MB, CUDA kernels included) would overflow LIMIT_MIB.
+#: Nor what only the server needs (fairseq_rope_serve.server, which nothing of fairseq-rope
+#: imports, and the GPU suite serves nothing): uvicorn's C parser and event loop (httptools,
+#: uvloop) and CLD2 (pycld2, for /detect); with them the wheelhouse was 65 MiB.
 #: scipy (the seed-level t-tests of collect) comes with the node's scikit-learn, which needs it.
-NOT_SHIPPED = frozenset({"torch", "torchaudio", "numpy", "scikit-learn", "scipy", "ctranslate2"})
+NOT_SHIPPED = frozenset({"torch", "torchaudio", "numpy", "scikit-learn", "scipy", "ctranslate2", "httptools",
+                         "uvloop", "pycld2"})
 #: Shipped as sources, built on the node.
 SOURCES = frozenset({"fairseq-fixed", "antlr4-python3-runtime"})
 PROJECT = "fairseq-rope"
