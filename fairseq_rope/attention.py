@@ -60,66 +60,71 @@ class PositionalMultiheadAttention(MultiheadAttention):
             raise ValueError(f"the position encoding was built for {position_encoding.num_heads} "
                              f"heads, not {num_heads}")
         self.position_encoding = position_encoding
+        self._packing = _Packing()
+        self.register_load_state_dict_post_hook(PositionalMultiheadAttention._repack_after_load)
         self._pack_projections()
 
-    # --- q, k, v projections: packed side by side for inference
+    # --- q, k, v projections: packed side by side
 
     def _pack_projections(self) -> None:
-        """Store the q, k and v projection weights (and biases) side by side in one
-        tensor each, the parameters becoming views into it, so that without
-        gradients one matmul projects all three. Parameters, state dict and
-        training are unchanged; whatever replaces a parameter's storage (another
-        device or dtype, load_state_dict(assign=True)) only turns the packed path
-        off until repacked, and so does FSDP's flattening, which removes the
-        parameters altogether (then nothing is packed)."""
+        """Store the q, k and v projection weights (and biases) side by side in one tensor each, the
+        parameters becoming views into it, so that one matmul projects all three. Parameters, state
+        dict and training are unchanged. Nothing is checked per forward: whatever gives the
+        parameters new storage repacks (``.to()``, ``.half()``: :meth:`_apply`; a deep copy or
+        unpickling: :meth:`__setstate__`; ``load_state_dict(assign=True)``: the load hook), and
+        whatever replaces or removes a projection or its parameters (FSDP's flattening, a new
+        ``nn.Parameter``, a quantized module) drops the packing (:class:`_PackedRowsLinear`,
+        :meth:`__setattr__`). Not seen: a parameter's ``.data`` swapped by hand; assign a new
+        ``nn.Parameter`` instead, or call this method again."""
+        self._packing.tensors = None
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        self._packed: Optional[Tuple[Tensor, Optional[Tensor]]] = None
-        if self._projection_pointers() is None:
-            return  # flattened: the weights are views into another module's parameter
-        biases = [p.bias is not None for p in projections]
-        if any(p._forward_pre_hooks or p._forward_hooks for p in projections) or len(set(biases)) > 1:
-            return  # quant-noise hooks, or mixed biases: three projections
+        if any(type(p) not in (torch.nn.Linear, _PackedRowsLinear) or "weight" not in p._parameters
+               or p._forward_pre_hooks or p._forward_hooks for p in projections):
+            return  # flattened (FSDP), replaced, or hooked (quant-noise): three projections
+        if len({p.bias is not None for p in projections}) > 1:
+            return
         with torch.no_grad():
             packed = tuple(
                 torch.cat([getattr(p, name) for p in projections]) if has else None
-                for name, has in (("weight", True), ("bias", biases[0]))
+                for name, has in (("weight", True), ("bias", self.q_proj.bias is not None))
             )
         for i, projection in enumerate(projections):
             rows = slice(i * self.embed_dim, (i + 1) * self.embed_dim)
             projection.weight.data = packed[0][rows]
             if packed[1] is not None:
                 projection.bias.data = packed[1][rows]
-        self._packed = packed
-        self._packed_pointers = self._projection_pointers()
+            projection.__class__ = _PackedRowsLinear  # fairseq built it: it now reports replacements
+            projection._packing = self._packing
+        self._packing.tensors = packed
 
-    def _projection_pointers(self) -> Optional[Tuple[int, int, int]]:
-        # The weights tell: whatever gives a parameter new storage (_apply,
-        # load_state_dict(assign=True)) does it to the weights too. None when they
-        # are parameters no more: fairscale's FSDP (FlattenParamsWrapper) deletes
-        # them and sets plain tensors, views into its flat parameter, in their place.
-        # (Read at every forward: through the module dicts, not nn.Module.__getattr__.)
-        modules = self._modules
-        try:
-            return (modules["q_proj"]._parameters["weight"].data_ptr(),
-                    modules["k_proj"]._parameters["weight"].data_ptr(),
-                    modules["v_proj"]._parameters["weight"].data_ptr())
-        except KeyError:
-            return None
+    def __setattr__(self, name: str, value) -> None:
+        if name in _PROJECTIONS and "_packing" in self.__dict__:
+            self._packing.tensors = None  # a projection replaced: the packed rows are no longer its weights
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _PROJECTIONS and "_packing" in self.__dict__:
+            self._packing.tensors = None
+        super().__delattr__(name)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
         self._pack_projections()  # the conversion gave the parameters new storage
         return module
 
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._pack_projections()  # a deep copy or unpickling cloned the parameters out of the pack
+
+    @staticmethod
+    def _repack_after_load(module: "PositionalMultiheadAttention", incompatible_keys) -> None:
+        if module._packing.tensors is None:  # load_state_dict(assign=True) replaced the parameters
+            module._pack_projections()
+
     def _packed_projection(self) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
-        """The packed q/k/v weight and bias while the parameters still live in them;
-        else None (three projections). With gradients, only through :class:`_PackedLinear`:
-        the packed tensors are not the parameters autograd updates."""
-        if self._packed is not None and self._projection_pointers() != self._packed_pointers:
-            # Stale for good (nothing moves parameters back into it): let the memory
-            # go, under FSDP an unsharded copy of the q/k/v weights.
-            self._packed = None
-        return self._packed
+        """The packed q/k/v weight and bias, or None (three projections). With gradients, only
+        through :class:`_PackedLinear`: the packed tensors are not the parameters autograd updates."""
+        return self._packing.tensors
 
     def _encoded_qkv(
         self, query: Tensor, context: PositionContext, step: bool
@@ -307,6 +312,38 @@ class PositionalMultiheadAttention(MultiheadAttention):
             if value_term is not None:
                 out = out + value_term.reshape(-1, tgt_len, head_dim)
         return out, weights.view(-1, heads, tgt_len, src_len) if need_weights else None
+
+
+_PROJECTIONS = frozenset(("q_proj", "k_proj", "v_proj"))
+
+
+class _Packing:
+    """The packed q/k/v weight and bias of one attention (None: not packed), shared with its three
+    projections, which drop it when their parameters are replaced."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self) -> None:
+        self.tensors: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+
+
+class _PackedRowsLinear(torch.nn.Linear):
+    """An ``nn.Linear`` whose weight and bias are row blocks of its attention's packed tensors
+    (fairseq builds the projections; packing gives them this class). Assigning or deleting either
+    (``load_state_dict(assign=True)``, FSDP's flattening, a new ``nn.Parameter``) drops the packing,
+    which would otherwise go on projecting with the old weights."""
+
+    _packing: _Packing
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("weight", "bias") and "_packing" in self.__dict__:
+            self._packing.tensors = None
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in ("weight", "bias") and "_packing" in self.__dict__:
+            self._packing.tensors = None
+        super().__delattr__(name)
 
 
 class _PackedLinear(torch.autograd.Function):

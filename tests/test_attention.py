@@ -1,7 +1,10 @@
 """PositionalMultiheadAttention against an explicit reference and fairseq's own attention."""
 
+import copy
+
 import pytest
 import torch
+import torch.nn.utils.parametrize
 from fairseq.modules import MultiheadAttention
 from fairseq_rope.attention import PositionalMultiheadAttention
 from fairseq_rope.position_encoding import PositionEncoding as NoEncoding
@@ -252,29 +255,87 @@ def test_packing_changes_no_parameter_and_no_state_dict_key():
     stock = MultiheadAttention(EMBED, HEADS, self_attention=True)
     assert list(attn.state_dict()) == list(stock.state_dict())
     attn.load_state_dict(stock.state_dict())  # in place: still packed
-    weight, bias = attn._packed
+    weight, bias = attn._packed_projection()
     torch.testing.assert_close(weight, torch.cat([stock.q_proj.weight, stock.k_proj.weight, stock.v_proj.weight]))
     torch.testing.assert_close(bias, torch.cat([stock.q_proj.bias, stock.k_proj.bias, stock.v_proj.bias]))
     assert all(p.is_leaf and p.requires_grad for p in attn.parameters())
 
 
-def test_a_parameter_given_new_storage_is_used_not_the_stale_pack():
+def lives_in_the_pack(attn: PositionalMultiheadAttention) -> bool:
+    """The packed path is on and each q/k/v parameter is a row block of the packed tensors."""
+    packed = attn._packed_projection()
+    if packed is None:
+        return False
+    weight, bias = packed
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    return all(p.weight.data_ptr() == weight[i * attn.embed_dim].data_ptr()
+               and p.bias.data_ptr() == bias[i * attn.embed_dim].data_ptr() for i, p in enumerate(projections))
+
+
+def assign_a_new_parameter(attn):
+    attn.k_proj.weight = torch.nn.Parameter(torch.randn(EMBED, EMBED))
+
+
+def replace_a_projection(attn):
+    attn.v_proj = torch.nn.Linear(EMBED, EMBED)
+
+
+class Negated(torch.nn.Module):
+    def forward(self, weight):
+        return -weight
+
+
+def parametrize_a_weight(attn):
+    torch.nn.utils.parametrize.register_parametrization(attn.k_proj, "weight", Negated())  # deletes the parameter
+
+
+def load_with_assign(attn):
+    attn.load_state_dict({name: torch.randn_like(t) for name, t in attn.state_dict().items()}, assign=True)
+
+
+def deep_copy(attn):
+    copied = copy.deepcopy(attn)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.mul_(-0.5)  # in place: a copy still projecting with the pack it was copied with would not see it
+    return copied
+
+
+def to_double(attn):
+    attn.double()
+
+
+@pytest.mark.parametrize("change, repacked", [
+    (assign_a_new_parameter, False), (replace_a_projection, False), (parametrize_a_weight, False),
+    (load_with_assign, True), (deep_copy, True), (to_double, True),
+])
+def test_whatever_replaces_the_parameters_is_seen_without_a_check_per_forward(change, repacked):
+    """No forward checks the packing: each way of giving the projections new tensors either drops
+    the packed path (three projections) or repacks, and the output is that of the module's weights,
+    in a whole pass and a decoding step."""
     attn = rope_attention()
+    attn = change(attn) or attn
+    assert lives_in_the_pack(attn) == repacked
+    x = torch.randn(5, 2, EMBED, dtype=attn.q_proj.weight.dtype)
+    with torch.no_grad():
+        out, _ = attn(x, x, x, attn_mask=causal_mask(5), need_weights=False)
+        expected = reference(attn, x, attn_mask=causal_mask(5))
+        step, _ = attn(x[:1], x[:1], x[:1], incremental_state={}, need_weights=False)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step, expected[:1], atol=1e-5, rtol=1e-5)
+
+
+def test_in_place_changes_keep_the_pack():
+    """fairseq loads checkpoints in place (``copy_``) and optimizers step in place: still packed,
+    and projecting with the new values."""
+    attn = rope_attention()
+    attn.load_state_dict(rope_attention().state_dict())
+    with torch.no_grad():
+        attn.q_proj.weight.add_(1.0)
+    assert lives_in_the_pack(attn)
     x = torch.randn(5, 2, EMBED)
-    attn.k_proj.weight.data = torch.randn(EMBED, EMBED)  # new storage, not the pack's
     with torch.no_grad():
-        out, _ = attn(x, x, x, need_weights=False)
-    torch.testing.assert_close(out, reference(attn, x), atol=1e-5, rtol=1e-5)
-
-
-def test_a_dtype_conversion_repacks():
-    attn = rope_attention().double()
-    assert attn._packed[0].dtype == torch.float64
-    assert attn._projection_pointers() == attn._packed_pointers  # packed again after .double()
-    x = torch.randn(5, 2, EMBED, dtype=torch.float64)
-    with torch.no_grad():
-        out, _ = attn(x, x, x, need_weights=False)
-    torch.testing.assert_close(out, reference(attn, x), atol=1e-6, rtol=1e-6)  # reference angles: fp32
+        torch.testing.assert_close(attn(x, x, x, need_weights=False)[0], reference(attn, x), atol=1e-5, rtol=1e-5)
 
 
 def test_the_shared_mask_follows_each_new_mask():

@@ -96,13 +96,12 @@ def test_flattened_parameters_fall_back_to_three_projections(layout):
 
 
 def test_flattening_leaves_no_packed_copy_alive():
-    """The packed q/k/v tensor held the old parameters' storage; once they are
-    flattened away the first forward lets it go, rather than keep an unsharded copy."""
+    """The packed q/k/v tensor held the old parameters' storage; flattening them away lets it go,
+    rather than keep an unsharded copy (and no forward can use it)."""
     attn = PositionalMultiheadAttention(EMBED, HEADS, RotaryEmbedding(EMBED // HEADS)).eval()
-    packed_weight = weakref.ref(attn._packed[0])
+    packed_weight = weakref.ref(attn._packed_projection()[0])
     wrapper = Flattened(attn)
-    x = torch.randn(2, 1, EMBED)
-    attn(x, x, x, need_weights=False)  # a training forward (gradients enabled)
     gc.collect()
     assert packed_weight() is None, "the packed copy of the old weights is still alive"
+    assert attn._packed_projection() is None
     assert wrapper.flat_param.numel() == 4 * (EMBED * EMBED + EMBED)  # q, k, v, out: all flattened

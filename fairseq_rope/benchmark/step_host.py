@@ -21,6 +21,7 @@ import torch
 
 from fairseq_rope.benchmark import machine, models
 from fairseq_rope.benchmark.profile import OperatorTimes, profile_interleaved
+from fairseq_rope.benchmark.timing import Stats, interleaved, paired_speedup
 from fairseq_rope.evaluation.report import markdown_table
 
 ROWS = ("sinusoidal", "rope")
@@ -45,27 +46,36 @@ def decoding_steps(trainer, task, length: int, sentences: int, beam: int, seed: 
     return call
 
 
-def measure(size: str, length: int, sentences: int, beam: int, reps: int, seed: int = 1
-            ) -> Dict[str, Tuple[OperatorTimes, float]]:
+Measured = Tuple[Dict[str, Stats], Dict[str, Tuple[OperatorTimes, float]]]
+
+
+def measure(size: str, length: int, sentences: int, beam: int, reps: int, seed: int = 1) -> Measured:
+    """Wall time unprofiled (the rows taking turns, ``reps`` repetitions), then the profiled split."""
     calls = {}
     for name in ROWS:
         trainer, task = models.diagnostic_trainer(size, name, seed, "step-host-")
         calls[name] = decoding_steps(trainer, task, length, sentences, beam, seed)
     with models.quiet():
-        return profile_interleaved(calls, reps)
+        return interleaved(calls, reps, torch.device("cpu")), profile_interleaved(calls, reps)
 
 
-def report(results: Dict[str, Tuple[OperatorTimes, float]], length: int) -> List[str]:
+def report(results: Measured, length: int) -> List[str]:
+    """One line per row: the unprofiled wall time per step and its paired ratio to stock (the figure),
+    then the profiler's split of a profiled step into operators and the Python between them."""
+    walls, profiled = results
+    stock = walls[ROWS[0]].as_dict()
     lines = []
-    stock_wall = results[ROWS[0]][1]
     for name in ROWS:
-        ops, wall = results[name]
+        wall, ratio = walls[name], paired_speedup(stock, walls[name].as_dict())  # stock's speed over the row's
+        ops, profiled_wall = profiled[name]
         operator_time = sum(seconds for seconds, _, _ in ops.values())
         count = sum(calls for _, calls, _ in ops.values())
-        lines.append([name, f"{wall / length * 1e6:.0f}", f"{wall / stock_wall:.3f}", f"{count / length:.0f}",
-                      f"{operator_time / length * 1e6:.0f}", f"{(wall - operator_time) / length * 1e6:.0f}"])
-    return markdown_table(["row", "µs per step (wall, profiled)", "÷ stock", "operators per step",
-                           "operators' self CPU µs per step", "Python between operators, µs per step"], lines)
+        lines.append([name, f"{wall.median / length * 1e6:.0f}", f"{ratio.median:.3f} [{ratio.q1:.3f}, {ratio.q3:.3f}]",
+                      f"{profiled_wall / length * 1e6:.0f}", f"{count / length:.0f}",
+                      f"{operator_time / length * 1e6:.0f}", f"{(profiled_wall - operator_time) / length * 1e6:.0f}"])
+    return markdown_table(["row", "µs per step (wall)", "÷ stock (paired, median [quartiles])",
+                           "µs per step (profiled)", "operators per step", "operators' self CPU µs per step",
+                           "Python between operators, µs per step"], lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -83,9 +93,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args, "decoding-step-host", "scripts/decoding_step_host_cost.py", argv,
         "Host cost of a decoding step, CPU",
         f"{args.sentences} sentence(s) × beam {args.beam}, {args.length} incremental decoder steps from an "
-        f"empty cache per repetition, {args.reps} profiled repetitions per row taking turns, {args.threads} "
-        "torch thread(s), fp32, inference mode (fairseq_rope/benchmark/step_host.py). The profiler adds a "
-        "fixed cost per operator to the wall time; compare the rows.",
+        f"empty cache per repetition, {args.reps} repetitions per row taking turns unprofiled (the wall time; "
+        "÷ stock: the row's time over stock's in each repetition, so below 1 is cheaper), then as many "
+        f"profiled, {args.threads} torch thread(s), fp32, inference mode (fairseq_rope/benchmark/step_host.py). "
+        "The profiler adds a fixed cost per operator to the profiled time; compare its columns between rows.",
         report(results, args.length),
     )
     return 0
