@@ -20,7 +20,7 @@ xformers), which would silently skip any rotation.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,34 @@ from fairseq_rope.position_encoding import PositionEncoding
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
-class PositionalMultiheadAttention(MultiheadAttention):
+class _Packing:
+    """The packed q/k/v weight and bias of one attention (None: not packed), shared with its three
+    projections, which drop it when their parameters are replaced."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self) -> None:
+        self.tensors: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+
+
+class _DropsPacking:
+    """Assigning or deleting one of a module's ``_PACKED_ATTRIBUTES`` (the attention's projections, a
+    projection's weight and bias) drops its ``_packing``'s tensors, which would be stale."""
+
+    _PACKED_ATTRIBUTES: FrozenSet[str] = frozenset(("q_proj", "k_proj", "v_proj"))
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self._PACKED_ATTRIBUTES and "_packing" in self.__dict__:
+            self._packing.tensors = None
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._PACKED_ATTRIBUTES and "_packing" in self.__dict__:
+            self._packing.tensors = None
+        super().__delattr__(name)
+
+
+class PositionalMultiheadAttention(_DropsPacking, MultiheadAttention):
     """Multi-head self-attention with a :class:`PositionEncoding` inside.
 
     The encoding's hooks (see :mod:`fairseq_rope.position_encoding`) act on
@@ -73,8 +100,8 @@ class PositionalMultiheadAttention(MultiheadAttention):
         parameters new storage repacks (``.to()``, ``.half()``: :meth:`_apply`; a deep copy or
         unpickling: :meth:`__setstate__`; ``load_state_dict(assign=True)``: the load hook), and
         whatever replaces or removes a projection or its parameters (FSDP's flattening, a new
-        ``nn.Parameter``, a quantized module) drops the packing (:class:`_PackedRowsLinear`,
-        :meth:`__setattr__`). Not seen: a parameter's ``.data`` swapped by hand; assign a new
+        ``nn.Parameter``, a quantized module) drops the packing (:class:`_DropsPacking`: the
+        projections' weights and biases, and the projections themselves). Not seen: a parameter's ``.data`` swapped by hand; assign a new
         ``nn.Parameter`` instead, or call this method again."""
         self._packing.tensors = None
         projections = (self.q_proj, self.k_proj, self.v_proj)
@@ -96,16 +123,6 @@ class PositionalMultiheadAttention(MultiheadAttention):
             projection.__class__ = _PackedRowsLinear  # fairseq built it: it now reports replacements
             projection._packing = self._packing
         self._packing.tensors = packed
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _PROJECTIONS and "_packing" in self.__dict__:
-            self._packing.tensors = None  # a projection replaced: the packed rows are no longer its weights
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name in _PROJECTIONS and "_packing" in self.__dict__:
-            self._packing.tensors = None
-        super().__delattr__(name)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -314,36 +331,13 @@ class PositionalMultiheadAttention(MultiheadAttention):
         return out, weights.view(-1, heads, tgt_len, src_len) if need_weights else None
 
 
-_PROJECTIONS = frozenset(("q_proj", "k_proj", "v_proj"))
-
-
-class _Packing:
-    """The packed q/k/v weight and bias of one attention (None: not packed), shared with its three
-    projections, which drop it when their parameters are replaced."""
-
-    __slots__ = ("tensors",)
-
-    def __init__(self) -> None:
-        self.tensors: Optional[Tuple[Tensor, Optional[Tensor]]] = None
-
-
-class _PackedRowsLinear(torch.nn.Linear):
+class _PackedRowsLinear(_DropsPacking, torch.nn.Linear):
     """An ``nn.Linear`` whose weight and bias are row blocks of its attention's packed tensors
     (fairseq builds the projections; packing gives them this class). Assigning or deleting either
     (``load_state_dict(assign=True)``, FSDP's flattening, a new ``nn.Parameter``) drops the packing,
     which would otherwise go on projecting with the old weights."""
 
-    _packing: _Packing
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in ("weight", "bias") and "_packing" in self.__dict__:
-            self._packing.tensors = None
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name in ("weight", "bias") and "_packing" in self.__dict__:
-            self._packing.tensors = None
-        super().__delattr__(name)
+    _PACKED_ATTRIBUTES = frozenset(("weight", "bias"))
 
 
 class _PackedLinear(torch.autograd.Function):
