@@ -253,7 +253,8 @@ def benchmark(model_dir: Path, input_path: Path, threads: int, rounds: int,
                        for i, clients in enumerate(CLIENT_LEVELS)],
         },
         "floor": [{"clients": clients, **{k: statistics.median(f[i][k] for f in floors)
-                                          for k in ("sentences_per_s", "p50_ms", "p99_ms")}}
+                                          for k in ("sentences_per_s", "p50_ms", "p99_ms")},
+                   "echoed": min(sum(a == b for a, b in zip(f[i]["answers"], lines)) for f in floors)}
                   for i, clients in enumerate(CLIENT_LEVELS)],
     }
 
@@ -303,10 +304,11 @@ def report(results: Dict[str, Any], command: str, threads: int, rounds: int) -> 
             "The same app, load and clients with a model that answers each line with itself at once: what "
             "serving costs per request whatever the model (HTTP, JSON, the event loop, the queue hand-off, "
             "the clients on the same cores).", "",
-            "| clients | requests/s | ms per request | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+            "| clients | requests/s | ms per request | p50 ms | p99 ms | answers its own input |",
+            "|---|---|---|---|---|---|"]
     for level in results.get("floor", []):
         out.append(f"| {level['clients']} | {level['sentences_per_s']:.0f} | {1000 / level['sentences_per_s']:.2f} | "
-                   f"{level['p50_ms']:.2f} | {level['p99_ms']:.2f} |")
+                   f"{level['p50_ms']:.2f} | {level['p99_ms']:.2f} | {level['echoed']}/{n} |")
     return "\n".join(out) + "\n"
 
 
@@ -327,13 +329,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     results["ctranslate2"] = require_ctranslate2().__version__
     command = "python -m fairseq_rope_serve.benchmark " + shlex.join(sys.argv[1:] if argv is None else argv)
-    text = report(results, command, args.threads, args.rounds)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(json.dumps({"command": command, **results}, indent=2) + "\n")
+    write_report(report(results, command, args.threads, args.rounds), command, results, args.out)
+    return 0
+
+
+def write_report(text: str, command: str, results: Dict[str, Any], out: Optional[Path]) -> None:
+    """The report to OUT (.md) with its numbers and command in OUT's .json, or to stdout."""
+    if out:
+        out.write_text(text, encoding="utf-8")
+        out.with_suffix(".json").write_text(json.dumps({"command": command, **results}, indent=2) + "\n")
     else:
         print(text, end="")
-    return 0
 
 
 if __name__ == "__main__":

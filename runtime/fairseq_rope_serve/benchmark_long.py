@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from fairseq_rope_serve.benchmark import Server, machine
+from fairseq_rope_serve.benchmark import Server, machine, write_report
 
 ORDINARY = "ordinary text"
 
@@ -188,11 +188,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runs = json.loads(args.out.with_suffix(".json").read_text()) if args.out.with_suffix(".json").exists() else []
         runs.append({"label": args.label, "command": command, **results})
         args.out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
-    elif args.out:
-        args.out.write_text(text, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(json.dumps({"command": command, **results}, indent=2) + "\n")
     else:
-        print(text, end="")
+        write_report(text, command, results, args.out)
     return 0
 
 

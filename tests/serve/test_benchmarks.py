@@ -16,9 +16,10 @@ def test_the_serving_benchmark_compares_the_server_with_offline_and_with_its_flo
     results = json.loads(out.with_suffix(".json").read_text())
     assert [level["identical_to_offline"] for level in results["server"]["levels"]] == [12, 12, 12]
     assert [level["clients"] for level in results["floor"]] == list(benchmark.CLIENT_LEVELS)
-    # The floor's model answers at once: it serves faster than the real one at every level.
-    for floor, served in zip(results["floor"], results["server"]["levels"]):
-        assert floor["sentences_per_s"] > served["sentences_per_s"]
+    # The floor is the same app with a model that answers each line with itself: every answer
+    # came back from it, at every level (its speed is measured, not asserted: this is no timed test).
+    assert [level["echoed"] for level in results["floor"]] == [12, 12, 12]
+    assert all(level["sentences_per_s"] > 0 for level in results["floor"])
     assert "## Serving floor (the control)" in out.read_text(encoding="utf-8")
 
 
