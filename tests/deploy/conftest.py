@@ -89,7 +89,8 @@ def one_thread() -> Iterator[None]:
 def train(data_bin: Path, save_dir: Path, arch: str, *options: str, updates: int = UPDATES,
           max_tokens: int = 500) -> Path:
     """``arch`` trained for ``updates`` updates in-process; checkpoint_last.pt as fairseq-train saves it."""
-    from fairseq import tasks
+    import numpy as np
+    from fairseq import tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
@@ -99,6 +100,10 @@ def train(data_bin: Path, save_dir: Path, arch: str, *options: str, updates: int
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.0",
         "--max-tokens", str(max_tokens), "--seed", "1", "--save-dir", str(save_dir))
     cfg = convert_namespace_to_omegaconf(args)
+    # Seeded as fairseq-train seeds before building the model: the weights must not depend on what
+    # the tests run before in this process drew from torch's global generator.
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
     epoch, done = 1, 0
