@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO
 
-from fairseq_rope_serve.decoding import TABLE_DECODING, Decoding, Hypothesis, to_base2, translate
+from fairseq_rope_serve.decoding import TABLE_DECODING, Decoding, Hypothesis, max_source_subwords, to_base2, translate
 from fairseq_rope_serve.model_dir import ModelDirectory
 from fairseq_rope_serve.translator import load_translator
 
@@ -108,16 +108,18 @@ def decode(translator, subset: Subset, decoding: Decoding, settings: ModelDirect
 
 
 def write_generate_output(out: TextIO, translator, subset: Subset, hypotheses: Sequence[Hypothesis],
-                          lenpen: float, remove_bpe: Optional[str] = "@@ ") -> None:
+                          settings: ModelDirectory, lenpen: float, remove_bpe: Optional[str] = "@@ ") -> None:
     """fairseq-generate's lines for each sentence, in id order. The scores are the model's own:
     Σ log p of the forced-decoded hypothesis (``P-``, EOS included) / (tokens + 1)^lenpen,
     without the renormalisation of CTranslate2's masked softmax (see
-    ``fairseq_rope_serve.decoding``)."""
+    ``fairseq_rope_serve.decoding``), given the source the search was given (cut to
+    :func:`~fairseq_rope_serve.decoding.max_source_subwords`); ``S-`` is the whole source."""
     import torch
 
     source_dict, target_dict = subset.source_dictionary, subset.target_dictionary
-    scored = translator.score_batch(subset.sources, [h.tokens for h in hypotheses], max_input_length=0,
-                                    max_batch_size=SCORE_BATCH_TOKENS, batch_type="tokens")
+    bound = max_source_subwords(settings)
+    scored = translator.score_batch([s[:bound] for s in subset.sources], [h.tokens for h in hypotheses],
+                                    max_input_length=0, max_batch_size=SCORE_BATCH_TOKENS, batch_type="tokens")
     for i, (hypothesis, positional) in enumerate(zip(hypotheses, scored)):
         source = source_dict.string(torch.tensor([source_dict.index(t) for t in subset.sources[i]]), remove_bpe)
         target = target_dict.string(torch.tensor(subset.targets[i]), remove_bpe, escape_unk=True)
@@ -140,7 +142,7 @@ def generate(model_dir: PathLike, data_bin: PathLike, out: TextIO, subset: str =
     start = time.perf_counter()
     hypotheses = decode(translator, data, decoding, settings, max_tokens)
     seconds = time.perf_counter() - start
-    write_generate_output(out, translator, data, hypotheses, decoding.lenpen)
+    write_generate_output(out, translator, data, hypotheses, settings, decoding.lenpen)
     # fairseq-generate's summary line, word for word (the benchmark reads both the same way).
     tokens = data.target_tokens(hypotheses)
     print(f"Translated {len(data):,} sentences ({tokens:,} tokens) in {seconds:.1f}s "

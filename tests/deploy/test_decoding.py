@@ -68,7 +68,8 @@ def test_length_limit_is_fairseqs():
     assert length_limit(9, Decoding(), None) == 200
 
 
-def test_pad_is_suppressed_and_nothing_is_truncated(exported):
+def test_pad_is_suppressed_and_ctranslate2_cuts_no_source(exported):
     options = translate_options(Decoding(), ModelDirectory.read(exported("rope")))
     assert options["suppress_sequences"] == [["<blank>"]]  # fairseq's <pad>, as CTranslate2 names it
+    # The runtime cuts sources itself (max_source_subwords), so that search and re-scoring agree.
     assert options["max_input_length"] == 0 and options["min_decoding_length"] == 1

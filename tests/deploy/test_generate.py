@@ -73,3 +73,38 @@ def test_evaluate_with_ctranslate2_int8_writes_its_own_records(trained, deploy_d
     translations = {t.id: t.hypothesis for t in read_generate_output(eval_dir / "generate-test.txt")}
     assert translations == {i: " ".join(h.tokens).replace("@@ ", "") for i, h in enumerate(int8)}
     assert results["num_sentences"] == len(int8)
+
+
+def test_scores_are_of_the_source_the_search_was_given(exported, fairseq_model, deploy_data, tmp_path):
+    """An export whose position table is shorter than some test sources: the search is given them
+    cut (fairseq_rope_serve.decoding), and the ``H-`` scores are of those cut sources, as fairseq's
+    own forced decoding of the hypothesis given that source scores them."""
+    from dataclasses import replace
+
+    import torch
+
+    from fairseq_rope.deploy.generate import generate
+    from fairseq_rope_serve.model_dir import ModelDirectory
+    from tests.deploy.conftest import source_subwords
+
+    model_dir, bound = tmp_path / "model", 4
+    shutil.copytree(exported("rope"), model_dir)
+    replace(ModelDirectory.read(model_dir), max_source_positions=bound + 1).write(model_dir)  # and the EOS
+    output = tmp_path / "generate-test.txt"
+    with output.open("w", encoding="utf-8") as out:
+        hypotheses = generate(model_dir, deploy_data / "data-bin", out)
+    assert 0 < sum(h.source_truncated for h in hypotheses) < len(hypotheses)
+
+    model, task, _ = fairseq_model("rope")
+    source_dict, target_dict, sources = task.source_dictionary, task.target_dictionary, source_subwords(task)
+    translations = read_generate_output(output)
+    assert [t.id for t in translations] == list(range(len(hypotheses)))
+    for t, hypothesis in zip(translations, hypotheses):
+        source = torch.tensor([[source_dict.index(w) for w in sources[t.id][:bound]] + [source_dict.eos()]])
+        target = torch.tensor([[target_dict.index(w) for w in hypothesis.tokens] + [target_dict.eos()]])
+        previous = torch.cat([target[:, -1:], target[:, :-1]], dim=1)  # EOS first, as fairseq's decoder input
+        with torch.no_grad():
+            log_probs = model.get_normalized_probs(model(source, torch.tensor([source.size(1)]), previous),
+                                                   log_probs=True)
+        score = float(log_probs.gather(2, target.unsqueeze(2)).sum()) / target.size(1) ** 0.6
+        assert math.isclose(t.score, score / math.log(2), abs_tol=1e-4), (t.id, hypothesis.source_truncated)
