@@ -10,7 +10,7 @@ where a run's detokenized test hypotheses are.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_rope.base import read_lines
 from fairseq_rope.data.prepare.pipeline import sha256_file
@@ -32,13 +32,20 @@ def p_cell(value: float) -> str:
 class References:
     """Raw references, read once, checked against the checksum each run recorded: at the path
     the run recorded, or, where that is gone (a record of another checkout or machine), a file
-    of the same name and checksum in any scale's data under ``work_dir`` (``shown``: how
-    messages name it)."""
+    of the same checksum where another of ``runs`` recorded its reference, or of the same name
+    in any scale's data under ``work_dir`` (``shown``: how messages name it). Which runs find
+    their reference does not depend on the order they are asked for."""
 
-    def __init__(self, work_dir: Path, shown: str) -> None:
+    def __init__(self, work_dir: Path, shown: str, runs: Iterable[Run] = ()) -> None:
         self._work_dir, self._shown = work_dir, shown
         self._lines: Dict[str, List[str]] = {}
         self._checksums: Dict[Path, str] = {}
+        self._recorded: Dict[str, List[Path]] = {}
+        for run in runs:
+            if run.get("raw_reference") and run.get("raw_reference_sha256"):
+                paths = self._recorded.setdefault(run["raw_reference_sha256"], [])
+                if Path(run["raw_reference"]) not in paths:
+                    paths.append(Path(run["raw_reference"]))
 
     def _checksum(self, path: Path) -> str:
         if path not in self._checksums:
@@ -50,8 +57,11 @@ class References:
         if not path or not expected:
             return None, "the run recorded no raw reference"
         if expected not in self._lines:
-            candidates = [Path(path)] if Path(path).is_file() else sorted(
-                self._work_dir.glob(f"*/data/raw/{Path(path).name}"))
+            if Path(path).is_file():
+                candidates = [Path(path)]
+            else:
+                others = [p for p in self._recorded.get(expected, []) if p.is_file()]
+                candidates = others + sorted(self._work_dir.glob(f"*/data/raw/{Path(path).name}"))
             found = next((c for c in candidates if self._checksum(c) == expected), None)
             if found is None:
                 if Path(path).is_file():

@@ -76,7 +76,7 @@ def significance_section(runs: Runs, work_dir: Path, level: str) -> List[str]:
     """Every row against the baseline in the runs of equal seed: over test sentences (the paired
     bootstrap), then over training seeds (the paired t-test); then each ablation against each row
     it takes apart, the same way. ``level``: their headings'."""
-    references = References(work_dir, shown_path(work_dir))
+    references = References(work_dir, shown_path(work_dir), [run for rs in runs.values() for run in rs])
     out = []
     # Against a row an ablation takes apart: once the ablation has runs (before, only "not run").
     for against in [BASELINE] + sorted({name for n, rs in runs.items() if rs for name in get_row(n).takes_apart}):

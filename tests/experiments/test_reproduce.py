@@ -666,6 +666,25 @@ def test_significance_says_why_it_is_unavailable(tmp_path):
     assert "| rope | 1 | " in significance and "unavailable" not in significance
 
 
+def test_a_record_whose_reference_is_gone_finds_the_one_another_run_recorded(tmp_path):
+    """Seeds trained in two checkouts: seed 1 recorded a reference since removed, seed 2 the same
+    file elsewhere. Every seed is tested, whichever is asked first (seed 1 is)."""
+    work, out = tmp_path / "work", tmp_path / "results"
+    gone, kept = tmp_path / "old" / "test.de", tmp_path / "new" / "test.de"
+    for reference in (gone, kept):
+        reference.parent.mkdir()
+        reference.write_text("a\nb\n")
+    for seed, reference in ((1, gone), (2, kept)):
+        write_outputs(write_run(work, "multi30k", "sinusoidal", seed, bleu=30.0), ["a", "b"], reference)
+        write_outputs(write_run(work, "multi30k", "rope", seed, bleu=30.0), ["a", "b"], reference)
+    gone.unlink()
+    collect.collect(SCALES["multi30k"], work, out)
+    significance = (out / "multi30k.md").read_text().split("## Significance")[1].split("\n## ")[0]
+    assert [line.split(" | ")[1] for line in significance.splitlines() if line.startswith("| rope |")][:3] == [
+        "1", "2", "pooled 1+2"]
+    assert "unavailable" not in significance
+
+
 def test_collect_multi30k_length_marks_buckets_beyond_training(tmp_path):
     work, out = tmp_path / "work", tmp_path / "results"
     labels = ["1-8", "9-12", "13-16", "17-20"]
