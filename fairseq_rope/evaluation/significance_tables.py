@@ -41,11 +41,9 @@ class References:
         self._lines: Dict[str, List[str]] = {}
         self._checksums: Dict[Path, str] = {}
         self._recorded: Dict[str, List[Path]] = {}
-        for run in runs:
+        for run in runs:  # a path recorded twice costs nothing: its checksum is computed once
             if run.get("raw_reference") and run.get("raw_reference_sha256"):
-                paths = self._recorded.setdefault(run["raw_reference_sha256"], [])
-                if Path(run["raw_reference"]) not in paths:
-                    paths.append(Path(run["raw_reference"]))
+                self._recorded.setdefault(run["raw_reference_sha256"], []).append(Path(run["raw_reference"]))
 
     def _checksum(self, path: Path) -> str:
         if path not in self._checksums:
